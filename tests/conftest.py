@@ -1,0 +1,59 @@
+"""Shared fixtures. Eight fake CPU devices so sharding tests can build real meshes."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared")
+
+# Four random tiny Qwen3s: tied and untied; GQA ratios 1, 2 and 4; head_dim != hidden/heads; two thetas.
+TINY_CONFIGS = {
+    "tied_gqa1": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                      tie_word_embeddings=True, rope_theta=10_000.0),
+    "untied_gqa2": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                        tie_word_embeddings=False, rope_theta=1_000_000.0),
+    "untied_gqa4": dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+                        tie_word_embeddings=False, rope_theta=10_000.0),
+    "tied_gqa2_default_head_dim": dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                       tie_word_embeddings=True, rope_theta=1_000_000.0),
+}
+
+
+def make_hf_qwen3(out_dir: str, seed: int = 0, vocab_size: int = 128, num_layers: int = 3, **overrides) -> str:
+    """Saves a random transformers Qwen3ForCausalLM (norm weights randomised too) to out_dir."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config(vocab_size=vocab_size, intermediate_size=80, num_hidden_layers=num_layers,
+                                   max_position_embeddings=512, initializer_range=0.2, **overrides)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_qwen3")
+    return {name: make_hf_qwen3(str(root / name), seed=i, **kw) for i, (name, kw) in enumerate(TINY_CONFIGS.items())}
+
+
+@pytest.fixture(scope="session", params=list(TINY_CONFIGS))
+def tiny_dir(request, tiny_dirs):
+    return tiny_dirs[request.param]
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(tmp_path_factory):
+    from tokenizer_fixture import build_qwen3_tokenizer
+    return build_qwen3_tokenizer(str(tmp_path_factory.mktemp("qwen3_tokenizer")))

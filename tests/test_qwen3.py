@@ -1,0 +1,141 @@
+"""The Qwen3 port against transformers on random tiny configs (float32, CPU)."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
+from xpress_jax.decoding.target_only import generate_greedy
+from xpress_jax.errors import ConfigError, InputError
+from xpress_jax.models.qwen3 import KVCache, Qwen3Config
+
+
+def hf_model(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def random_tokens(vocab, shape, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, size=shape).astype(np.int32)
+
+
+def test_prefill_logits_and_taps_match_transformers(tiny_dir):
+    model = load_qwen3(tiny_dir)
+    hf = hf_model(tiny_dir)
+    tokens = random_tokens(model.cfg.vocab_size, (2, 11))
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(tokens.astype(np.int64)), output_hidden_states=True)
+    layers = tuple(range(model.cfg.num_hidden_layers))
+    out = model(jnp.asarray(tokens), tap_layers=layers)
+    np.testing.assert_allclose(np.asarray(out.logits), ref.logits.numpy(), atol=1e-4, rtol=0)
+    for i in layers:  # tap i == HF hidden_states[i + 1]
+        np.testing.assert_allclose(np.asarray(out.taps[:, :, i]), ref.hidden_states[i + 1].numpy(), atol=1e-4, rtol=0)
+
+
+def test_cached_token_by_token_equals_full_forward(tiny_dir):
+    model = load_qwen3(tiny_dir)
+    tokens = jnp.asarray(random_tokens(model.cfg.vocab_size, (2, 9), seed=1))
+    full = np.asarray(model(tokens, tap_layers=(0,)).logits)
+    cache = KVCache.init(model.cfg, batch=2, max_len=16)
+    step_logits = []
+    for t in range(tokens.shape[1]):
+        out = model(tokens[:, t:t + 1], cache=cache)
+        cache = out.cache
+        step_logits.append(np.asarray(out.logits[:, 0]))
+    np.testing.assert_allclose(np.stack(step_logits, 1), full, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), [9, 9])
+
+
+def test_block_append_and_rollback(tiny_dirs):
+    """Prefill, append a 4-token block, roll back 3 and append other tokens: same as a fresh forward."""
+    model = load_qwen3(tiny_dirs["untied_gqa2"])
+    vocab = model.cfg.vocab_size
+    prompt = jnp.asarray(random_tokens(vocab, (1, 5), seed=2))
+    block = jnp.asarray(random_tokens(vocab, (1, 4), seed=3))
+    other = jnp.asarray(random_tokens(vocab, (1, 4), seed=4))
+    cache = model(prompt, cache=KVCache.init(model.cfg, 1, 32)).cache
+    cache = model(block, cache=cache).cache
+    assert int(cache.lengths[0]) == 9
+    cache = cache.rollback(cache.lengths - 3)  # keep one block token
+    out = model(other, cache=cache)
+    expect = model(jnp.concatenate([prompt, block[:, :1], other], 1)).logits[:, -4:]
+    np.testing.assert_allclose(np.asarray(out.logits), np.asarray(expect), atol=1e-5, rtol=0)
+
+
+def test_right_padded_batch_prefill(tiny_dirs):
+    """Sequences of different lengths in one prefill give each its own unpadded logits."""
+    model = load_qwen3(tiny_dirs["untied_gqa4"])
+    a = random_tokens(model.cfg.vocab_size, (7,), seed=5)
+    b = random_tokens(model.cfg.vocab_size, (4,), seed=6)
+    padded = np.zeros((2, 7), np.int32)
+    padded[0], padded[1, :4] = a, b
+    out = model(jnp.asarray(padded), cache=KVCache.init(model.cfg, 2, 16), num_new=jnp.asarray([7, 4]))
+    np.testing.assert_array_equal(np.asarray(out.cache.lengths), [7, 4])
+    alone = model(jnp.asarray(b[None])).logits
+    np.testing.assert_allclose(np.asarray(out.logits[1, :4]), np.asarray(alone[0]), atol=1e-5, rtol=0)
+
+
+def test_greedy_generation_equals_hf_generate(tiny_dir):
+    model = load_qwen3(tiny_dir)
+    hf = hf_model(tiny_dir)
+    prompts = [random_tokens(model.cfg.vocab_size, (n,), seed=n).tolist() for n in (6, 3, 10)]
+    ours = generate_greedy(model, prompts, max_new_tokens=32)
+    for prompt, got in zip(prompts, ours.tokens):
+        ids = torch.tensor([prompt])
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, min_new_tokens=32,
+                          do_sample=False)[0, len(prompt):].tolist()
+        assert got == ref
+
+
+def test_generation_stops_on_stop_token(tiny_dirs):
+    model = load_qwen3(tiny_dirs["tied_gqa1"])
+    prompt = random_tokens(model.cfg.vocab_size, (5,), seed=7).tolist()
+    free = generate_greedy(model, [prompt], max_new_tokens=12).tokens[0]
+    stop = free[4]
+    first = free.index(stop)
+    out = generate_greedy(model, [prompt, prompt], max_new_tokens=12, stop_ids=[stop])
+    assert out.tokens[0] == free[:first + 1] and out.stopped == [True, True]
+
+
+def test_generation_rejects_bad_requests(tiny_dirs):
+    model = load_qwen3(tiny_dirs["tied_gqa1"])
+    with pytest.raises(InputError, match="empty"):
+        generate_greedy(model, [[1, 2], []], max_new_tokens=4)
+    with pytest.raises(InputError, match="cache holds 8"):
+        generate_greedy(model, [[1] * 6], max_new_tokens=4, max_len=8)
+
+
+def base_hf(**kw):
+    d = dict(model_type="qwen3", vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+             num_attention_heads=2, num_key_value_heads=1)
+    d.update(kw)
+    return d
+
+
+def test_config_reads_rope_theta_from_either_place():
+    assert Qwen3Config.from_hf(base_hf(rope_theta=5e5)).rope_theta == 5e5
+    assert Qwen3Config.from_hf(base_hf(rope_parameters={"rope_theta": 2e4, "rope_type": "default"})).rope_theta == 2e4
+    cfg = Qwen3Config.from_hf(base_hf(rope_theta=1e6))
+    assert cfg.head_dim == 4 and not cfg.tie_word_embeddings
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(model_type="llama"), "model_type is 'llama'"),
+    (dict(model_type="qwen3_moe"), "expected 'qwen3'"),
+    (dict(rope_theta=1e6, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_type 'yarn'"),
+    (dict(rope_theta=1e6, use_sliding_window=True), "use_sliding_window"),
+    (dict(), "no rope_theta"),
+])
+def test_config_refuses_what_is_not_qwen3_dense(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        Qwen3Config.from_hf(base_hf(**bad))
+
+
+def test_config_to_hf_reads_back_in_transformers(tmp_path, tiny_dirs):
+    cfg = Qwen3Config.from_dir(tiny_dirs["untied_gqa2"])
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf()))
+    hf_cfg = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert Qwen3Config.from_hf(hf_cfg.to_dict()) == cfg

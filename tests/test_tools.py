@@ -1,0 +1,81 @@
+"""The command-line tools, run as a user would run them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from xpress_jax.tools.param_count import component_counts
+from xpress_jax.cli import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, timeout=300):
+    env = dict(os.environ, XLA_FLAGS="")
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=timeout)
+
+
+def last_json(stdout):
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_param_count_qwen3_8b():
+    counts = component_counts(load_config(os.path.join(ROOT, "configs", "qwen3_8b.py")))
+    assert counts["target"] == 8_190_735_360
+
+
+def test_param_count_cli():
+    r = run("xpress_jax.tools.param_count", "--config=configs/qwen3_8b.py")
+    assert r.returncode == 0, r.stderr
+    assert last_json(r.stdout)["target"] == 8_190_735_360
+
+
+def test_logit_check_passes_and_fails_by_tolerance(tiny_dirs):
+    r = run("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}")
+    assert r.returncode == 0, r.stderr
+    out = last_json(r.stdout)
+    assert out["passed"] and out["max_abs_diff"] < 1e-4 and 0 <= out["kl"] < 1e-8
+    strict = run("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}", "--tolerance=1e-12")
+    assert strict.returncode == 1 and not last_json(strict.stdout)["passed"]
+
+
+def test_logit_check_missing_directory(tmp_path):
+    r = run("xpress_jax.tools.logit_check", f"--hf_dir={tmp_path / 'nope'}")
+    assert r.returncode == 2 and "no config.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sample_runs_on_the_tiny_default():
+    r = run("xpress_jax.sample", "--config.sample.max_new_tokens=5")
+    assert r.returncode == 0, r.stderr
+    out = last_json(r.stdout)
+    assert out["new_tokens"] == 5 and len(out["tokens"]) == 5
+
+
+def test_sample_on_a_checkpoint_with_a_tokenizer(tmp_path, tiny_dirs, qwen3_tokenizer_dir):
+    import shutil
+    from conftest import make_hf_qwen3
+    ckpt = make_hf_qwen3(str(tmp_path / "ckpt"), vocab_size=151936, num_layers=1, hidden_size=16,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    for f in os.listdir(qwen3_tokenizer_dir):
+        shutil.copy(os.path.join(qwen3_tokenizer_dir, f), ckpt)
+    r = run("xpress_jax.sample", "--config.sample.max_new_tokens=3", f"--config.target.hf_dir={ckpt}")
+    assert r.returncode == 0, r.stderr
+    out = last_json(r.stdout)
+    assert out["prompt_tokens"] > 10 and isinstance(out["text"], str)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.target.bogus=1"], "unknown config key 'target.bogus'"),
+    (["--config.nope.x=1"], "unknown config key 'nope'"),
+    (["--config=configs/missing.py"], "does not exist"),
+    (["--config.sample.max_new_tokens=abc"], "invalid literal"),
+    (["--config.target.hf_dir=/no/such/dir"], "no config.json"),
+])
+def test_cli_reports_bad_config_in_one_line(args, message):
+    r = run("xpress_jax.sample", *args)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr

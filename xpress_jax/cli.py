@@ -1,0 +1,124 @@
+"""Shared command-line plumbing: `--config=FILE` with `--config.a.b=V` overrides, and errors
+reported as one line (exit code 2) instead of a traceback.
+
+Overrides are typed by the field they replace, and a key the config does not have is an error.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import logging
+import os
+import sys
+import warnings
+from typing import Callable
+
+import ml_collections
+from absl import app, flags
+
+from xpress_jax.errors import ConfigError, XpressError
+
+_REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+DEFAULT_CONFIG = os.path.join(_REPO_CONFIGS, "tiny.py") if os.path.isdir(_REPO_CONFIGS) else "configs/tiny.py"
+
+flags.DEFINE_string("config", DEFAULT_CONFIG,
+                    "Config file (configs/NAME.py); override any field with --config.a.b=value.")
+
+
+def load_config(path: str) -> ml_collections.ConfigDict:
+    """Runs `get_config()` of a config file and locks the result (no new keys)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"xpress_config_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"config file {path!r} defines no get_config()")
+    config = module.get_config()
+    config.lock()
+    return config
+
+
+def _parse_value(text: str, old):
+    if isinstance(old, bool):
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if isinstance(old, str):
+        return text
+    if isinstance(old, (int, float)):
+        return type(old)(float(text)) if isinstance(old, int) and "e" in text.lower() else type(old)(text)
+    return ast.literal_eval(text)  # tuples, lists, None
+
+
+def apply_override(config: ml_collections.ConfigDict, key: str, text: str) -> None:
+    *parents, leaf = key.split(".")
+    node = config
+    for i, name in enumerate(parents):
+        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+            raise ConfigError(f"unknown config key {'.'.join(parents[:i + 1])!r} (in --config.{key})")
+        node = node[name]
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+        known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        raise ConfigError(f"unknown config key {key!r}; known here: {known}")
+    old = node[leaf]
+    if isinstance(old, ml_collections.ConfigDict):
+        raise ConfigError(f"config key {key!r} is a section; override its fields instead")
+    try:
+        value = _parse_value(text, old)
+    except (ValueError, SyntaxError) as e:
+        raise ConfigError(f"--config.{key}={text}: {e}") from None
+    with node.ignore_type():
+        node[leaf] = value
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    rest, overrides = [], []
+    args = iter(argv)
+    for a in args:
+        if a.startswith("--config."):
+            key, eq, value = a[len("--config."):].partition("=")
+            if not eq:
+                value = next(args, "")
+            overrides.append((key, value))
+        else:
+            rest.append(a)
+    return rest, overrides
+
+
+def _fail(message: str, code: int = 2):
+    sys.stderr.write(f"error: {message}\nRun with --help for usage.\n")
+    sys.exit(code)
+
+
+def run(main: Callable[[ml_collections.ConfigDict], None]) -> None:
+    """Parses flags and the config, then calls main(config); user errors print one line."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # CPU XLA cannot donate buffers; the warning says nothing useful there.
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    overrides: list[tuple[str, str]] = []
+
+    def parse(argv):
+        nonlocal overrides
+        argv, overrides = _split_overrides(argv)
+        try:
+            rest = flags.FLAGS(argv)
+        except flags.Error as e:
+            _fail(str(e))
+        if len(rest) > 1:
+            _fail(f"unexpected arguments: {rest[1:]}")
+        return rest
+
+    def guarded(argv):
+        try:
+            config = load_config(flags.FLAGS.config)
+            for key, value in overrides:
+                apply_override(config, key, value)
+            return main(config)
+        except (XpressError, FileNotFoundError) as e:
+            _fail(str(e))
+
+    app.run(guarded, flags_parser=parse)

@@ -1,0 +1,140 @@
+"""Building blocks shared by the Qwen3 target and the DFlash drafter.
+
+Every parameter carries logical axis names in its `axes` metadata (vocab, embed, heads, kv_heads,
+head_dim, mlp); `xpress_jax.sharding` maps them onto a device mesh.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# A large negative number rather than -inf: a fully masked row then softmaxes to uniform garbage
+# instead of NaN, and such rows (padding) are never read.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def param(rngs: nnx.Rngs, shape, axes, dtype, *, std: float | None = 0.02) -> nnx.Param:
+    """A parameter initialised like HF (normal(0, initializer_range)); `std=None` means ones."""
+    if std is None:
+        value = jnp.ones(shape, dtype)
+    else:
+        value = std * jax.random.normal(rngs.params(), shape, dtype)
+    return nnx.Param(value, axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), computed in float32 like HF's Qwen3RMSNorm."""
+
+    def __init__(self, dim: int, eps: float, *, axis_name: str, param_dtype, rngs: nnx.Rngs):
+        self.weight = param(rngs, (dim,), (axis_name,), param_dtype, std=None)
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * x32.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Half-split rotary embedding (HF `rotate_half`), angles in float32.
+
+    x: [batch, seq, heads, head_dim]; positions: [batch, seq] absolute token positions.
+    """
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, seq, head_dim/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [batch, seq, 1, head_dim]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    q: [batch, q_len, heads, head_dim]; k, v: [batch, kv_len, kv_heads, head_dim];
+    mask: [batch, q_len, kv_len] bool, True where a query may attend. Returns [batch, q_len, heads, head_dim].
+    """
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (head_dim**-0.5)  # [batch, kv_heads, group, q_len, kv_len]
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(batch, q_len, heads, head_dim)
+
+
+class Attention(nnx.Module):
+    """Qwen3 attention projections: GQA, per-head RMSNorm on q and k before RoPE, no bias.
+
+    Split into queries / keys_values / output so the drafter can inject context keys and values.
+    """
+
+    def __init__(self, *, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                 rope_theta: float, dtype, param_dtype, rngs: nnx.Rngs):
+        if heads % kv_heads:
+            raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        self.q_proj = param(rngs, (hidden, heads, head_dim), ("embed", "heads", "head_dim"), param_dtype)
+        self.k_proj = param(rngs, (hidden, kv_heads, head_dim), ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.v_proj = param(rngs, (hidden, kv_heads, head_dim), ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.o_proj = param(rngs, (heads, head_dim, hidden), ("heads", "head_dim", "embed"), param_dtype)
+        self.q_norm = RMSNorm(head_dim, eps, axis_name="head_dim", param_dtype=param_dtype, rngs=rngs)
+        self.k_norm = RMSNorm(head_dim, eps, axis_name="head_dim", param_dtype=param_dtype, rngs=rngs)
+        self.rope_theta = rope_theta
+        self.dtype = dtype
+
+    def queries(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """x: [batch, seq, hidden] -> [batch, seq, heads, head_dim], normed and rotated."""
+        q = jnp.einsum("bsh,hnd->bsnd", x, self.q_proj[...].astype(self.dtype))
+        return rope(self.q_norm(q), positions, self.rope_theta)
+
+    def keys_values(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x: [batch, seq, hidden] -> k, v: [batch, seq, kv_heads, head_dim]; k normed and rotated."""
+        k = jnp.einsum("bsh,hnd->bsnd", x, self.k_proj[...].astype(self.dtype))
+        v = jnp.einsum("bsh,hnd->bsnd", x, self.v_proj[...].astype(self.dtype))
+        return rope(self.k_norm(k), positions, self.rope_theta), v
+
+    def output(self, attn: jax.Array) -> jax.Array:
+        """attn: [batch, seq, heads, head_dim] -> [batch, seq, hidden]."""
+        return jnp.einsum("bsnd,ndh->bsh", attn, self.o_proj[...].astype(self.dtype))
+
+
+class SwiGLU(nnx.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.gate_proj = param(rngs, (hidden, intermediate), ("embed", "mlp"), param_dtype)
+        self.up_proj = param(rngs, (hidden, intermediate), ("embed", "mlp"), param_dtype)
+        self.down_proj = param(rngs, (intermediate, hidden), ("mlp", "embed"), param_dtype)
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = x @ self.gate_proj[...].astype(self.dtype)  # [batch, seq, mlp]
+        up = x @ self.up_proj[...].astype(self.dtype)
+        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(self.dtype)
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm Qwen3 block: x + attn(norm(x)), then + mlp(norm(x)).
+
+    Attention over explicit keys/values so the same layer serves the target (keys from its own
+    tokens and cache) and the drafter (keys from injected context plus the block).
+    """
+
+    def __init__(self, *, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
+                 eps: float, rope_theta: float, dtype, param_dtype, rngs: nnx.Rngs):
+        norm = dict(axis_name="embed", param_dtype=param_dtype, rngs=rngs)
+        self.input_layernorm = RMSNorm(hidden, eps, **norm)
+        self.self_attn = Attention(hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                   eps=eps, rope_theta=rope_theta, dtype=dtype,
+                                   param_dtype=param_dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, **norm)
+        self.mlp = SwiGLU(hidden, intermediate, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def mlp_block(self, x: jax.Array) -> jax.Array:
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,221 @@
+"""The Qwen3 dense target in Flax NNX: config from HF config.json, static KV cache, hidden taps.
+
+Conventions follow HF `modeling_qwen3.py`: tap id i returns HF `hidden_states[i + 1]`, i.e. the
+output of decoder layer i (for the last layer HF reports it after the final norm, and so do we).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from xpress_jax.errors import ConfigError
+from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, param
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    """Field names are HF's, so a config.json (or a config file's `target` section) maps 1:1."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 40960
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], *, source: str = "config") -> "Qwen3Config":
+        """Builds the config from a parsed HF config.json, refusing what Qwen3 dense is not."""
+        model_type = hf.get("model_type")
+        if model_type != "qwen3":
+            raise ConfigError(f"{source}: model_type is {model_type!r}, expected 'qwen3' (dense Qwen3)")
+        for flag in ("attention_bias", "use_sliding_window"):
+            if hf.get(flag):
+                raise ConfigError(f"{source}: {flag}=true is not supported by the Qwen3 port")
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ConfigError(f"{source}: rope_type {rope_type!r} is not supported (only 'default')")
+        theta = hf.get("rope_theta", rope.get("rope_theta"))
+        if theta is None:
+            raise ConfigError(f"{source}: no rope_theta (looked at rope_theta and rope_parameters)")
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in hf]
+        if missing:
+            raise ConfigError(f"{source}: missing fields {missing}")
+        heads = hf["num_attention_heads"]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=hf.get("max_position_embeddings", 40960),
+        )
+
+    @classmethod
+    def from_dir(cls, hf_dir: str) -> "Qwen3Config":
+        path = os.path.join(hf_dir, "config.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{hf_dir}: no config.json")
+        with open(path) as f:
+            return cls.from_hf(json.load(f), source=path)
+
+    def to_hf(self) -> dict[str, Any]:
+        """A config.json dict that transformers' Qwen3Config reads back to the same model."""
+        d = dataclasses.asdict(self)
+        d.update(
+            architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu",
+            attention_bias=False, attention_dropout=0.0, use_sliding_window=False,
+            sliding_window=None, layer_types=["full_attention"] * self.num_hidden_layers,
+            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"},
+            initializer_range=0.02, use_cache=True,
+        )
+        return d
+
+
+@struct.dataclass
+class KVCache:
+    """Preallocated keys/values; slot i holds absolute position i of each sequence.
+
+    Rolling back is `cache.rollback(lengths)`: no copy, since slots past a query's position are
+    masked and later writes overwrite them.
+    """
+
+    k: tuple[jax.Array, ...]  # per layer [batch, max_len, kv_heads, head_dim]
+    v: tuple[jax.Array, ...]
+    lengths: jax.Array  # [batch] int32: committed tokens per sequence
+
+    @classmethod
+    def init(cls, cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
+        return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)),
+                   lengths=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+    def rollback(self, lengths: jax.Array) -> "KVCache":
+        return self.replace(lengths=lengths.astype(jnp.int32))
+
+
+def write_at(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
+    """cache: [batch, max_len, ...]; new: [batch, t, ...] written at per-sequence offsets [batch]."""
+    def one(c, n, o):
+        return jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), o, axis=0)
+    return jax.vmap(one)(cache, new, offsets)
+
+
+@struct.dataclass
+class Qwen3Output:
+    logits: jax.Array | None  # [batch, seq, vocab] float32
+    taps: jax.Array | None  # [batch, seq, n_taps, hidden]
+    cache: KVCache | None
+
+
+class Qwen3(nnx.Module):
+    """Qwen3ForCausalLM. `dtype` is the compute dtype, `param_dtype` the storage dtype."""
+
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed_tokens = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), param_dtype)
+        self.layers = nnx.List([
+            DecoderLayer(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+                         heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+                         head_dim=cfg.head_dim, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
+                         dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            for _ in range(cfg.num_hidden_layers)
+        ])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axis_name="embed",
+                            param_dtype=param_dtype, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), param_dtype)
+
+    # The drafter borrows these two (frozen): it owns no embedding and no LM head.
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """tokens: [batch, seq] -> [batch, seq, hidden]."""
+        return jnp.take(self.embed_tokens[...], tokens, axis=0).astype(self.dtype)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """h: [batch, seq, hidden] (already normed) -> [batch, seq, vocab] float32."""
+        if self.cfg.tie_word_embeddings:
+            w = self.embed_tokens[...].T
+        else:
+            w = self.lm_head[...]
+        return jnp.einsum("bsh,hv->bsv", h, w.astype(self.dtype), preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                 cache: KVCache | None = None, num_new: jax.Array | None = None,
+                 tap_layers: Sequence[int] = (), return_logits: bool = True) -> Qwen3Output:
+        """Runs tokens [batch, seq] through the model.
+
+        With `cache`, the tokens sit at positions cache.lengths + arange(seq), their keys/values
+        are written there and the returned cache has lengths + num_new (default: seq; a
+        right-padded prefill passes the real lengths). Without a cache, plain causal attention
+        at `positions` (default arange).
+        """
+        batch, seq = tokens.shape
+        num_layers = self.cfg.num_hidden_layers
+        bad = [i for i in tap_layers if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"tap layer ids {bad} are outside 0..{num_layers - 1}")
+        if cache is not None:
+            if positions is not None:
+                raise ValueError("positions are implied by cache.lengths; pass one or the other")
+            positions = cache.lengths[:, None] + jnp.arange(seq, dtype=jnp.int32)  # [batch, seq]
+            key_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
+            mask = key_slots[None, None, :] <= positions[:, :, None]  # [batch, seq, max_len]
+        else:
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+            mask = positions[:, None, :] <= positions[:, :, None]  # [batch, seq, seq]
+
+        x = self.embed(tokens)  # [batch, seq, hidden]
+        taps = {}
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            q = layer.self_attn.queries(h, positions)
+            k, v = layer.self_attn.keys_values(h, positions)
+            if cache is not None:
+                k = write_at(cache.k[i], k, cache.lengths)
+                v = write_at(cache.v[i], v, cache.lengths)
+                new_k.append(k)
+                new_v.append(v)
+            x = x + layer.self_attn.output(attend(q, k, v, mask))
+            x = layer.mlp_block(x)
+            if i in tap_layers and i != num_layers - 1:
+                taps[i] = x
+        x = self.norm(x)
+        if num_layers - 1 in tap_layers:
+            taps[num_layers - 1] = x
+
+        new_cache = None
+        if cache is not None:
+            added = jnp.full((batch,), seq, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
+            new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + added)
+        return Qwen3Output(
+            logits=self.logits(x) if return_logits else None,
+            taps=jnp.stack([taps[i] for i in tap_layers], axis=2) if tap_layers else None,
+            cache=new_cache,
+        )

@@ -1,0 +1,71 @@
+"""Device mesh and logical-axis sharding rules (MaxText style).
+
+Parameters carry logical axis names (`axes` metadata); rules map each to mesh axes. A dimension
+that a mesh axis does not divide stays replicated rather than failing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes it may be split over, in order of preference
+DEFAULT_RULES: dict[str, tuple[str, ...]] = {
+    "batch": ("data", "fsdp"),
+    "vocab": ("tensor",),
+    "embed": ("fsdp",),
+    "heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "mlp": ("tensor",),
+    "head_dim": (),
+    "rank": (),
+    "block": (),
+    "layers": (),
+}
+
+
+def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
+    """A (data, fsdp, tensor) mesh; -1 in one place takes the remaining devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh shape {shape}: at most one -1")
+    if -1 in shape:
+        rest = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = len(devices) // rest
+    if math.prod(shape) != len(devices):
+        raise ValueError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices, have {len(devices)}")
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                    rules: dict[str, tuple[str, ...]] | None = None) -> PartitionSpec:
+    rules = DEFAULT_RULES if rules is None else rules
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape):
+        if name is not None and name not in rules:
+            raise ValueError(f"no sharding rule for logical axis {name!r}")
+        chosen = []
+        size = 1
+        for mesh_axis in rules.get(name, ()) if name else ():
+            n = mesh.shape[mesh_axis]
+            if mesh_axis in used or n == 1 or dim % (size * n):
+                continue
+            chosen.append(mesh_axis)
+            size *= n
+        used.update(chosen)
+        spec.append(tuple(chosen) if len(chosen) > 1 else (chosen[0] if chosen else None))
+    return PartitionSpec(*spec)
+
+
+def named_sharding(axes, shape, mesh: Mesh | None, rules=None):
+    if mesh is None:
+        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))

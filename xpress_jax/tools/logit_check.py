@@ -1,0 +1,82 @@
+"""Compares this port's logits with transformers' on the same tokens.
+
+    python -m xpress_jax.tools.logit_check --hf_dir=DIR [--dtype=float32] [--prompt=TEXT]
+
+Prints one JSON line (max_abs_diff, kl = mean KL(p_hf || p_jax) of the next-token distributions)
+and exits 1 when max_abs_diff exceeds the tolerance for the dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from xpress_jax.errors import XpressError
+
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.5}  # bf16 logits round at ~2^-8 of their magnitude
+
+flags.DEFINE_string("hf_dir", None, "Local HF Qwen3 directory (config.json + safetensors).", required=True)
+flags.DEFINE_enum("dtype", "float32", list(TOLERANCE), "Compute and parameter dtype of both models.")
+flags.DEFINE_string("prompt", "The quick brown fox jumps over the lazy dog. Speculative decoding",
+                    "Text to run; random token ids are used when the directory has no tokenizer.")
+flags.DEFINE_integer("num_random_tokens", 32, "Length of the random sequence used without a tokenizer.")
+flags.DEFINE_float("tolerance", None, "Override the max_abs_diff tolerance of the dtype.")
+FLAGS = flags.FLAGS
+
+
+def tokens_for(hf_dir: str, prompt: str, vocab_size: int, n_random: int) -> tuple[np.ndarray, str]:
+    if os.path.isfile(os.path.join(hf_dir, "tokenizer.json")) or os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json")):
+        from xpress_jax.data.chat import load_tokenizer
+        ids = load_tokenizer(hf_dir)(prompt, add_special_tokens=False)["input_ids"]
+        if ids:
+            return np.asarray([ids], np.int32), "prompt"
+    rng = np.random.default_rng(0)
+    return rng.integers(0, vocab_size, size=(1, n_random), dtype=np.int32), "random"
+
+
+def compare(hf_dir: str, dtype: str, prompt: str, n_random: int = 32) -> dict:
+    import torch
+    import transformers
+
+    from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
+    from xpress_jax.config import DTYPES
+
+    if dtype == "float32":
+        jax.config.update("jax_default_matmul_precision", "highest")
+    jdt = DTYPES[dtype]
+    model = load_qwen3(hf_dir, dtype=jdt, param_dtype=jdt)
+    tokens, source = tokens_for(hf_dir, prompt, model.cfg.vocab_size, n_random)
+    ours = np.asarray(model(jnp.asarray(tokens)).logits, np.float64)  # [1, seq, vocab]
+    del model
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype)).eval()
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(tokens.astype(np.int64))).logits.double().numpy()
+    log_p = ref - np.logaddexp.reduce(ref, axis=-1, keepdims=True)
+    log_q = ours - np.logaddexp.reduce(ours, axis=-1, keepdims=True)
+    kl = float(np.mean(np.sum(np.exp(log_p) * (log_p - log_q), axis=-1)))
+    return {"max_abs_diff": float(np.max(np.abs(ours - ref))), "kl": kl, "dtype": dtype,
+            "tokens": int(tokens.shape[1]), "token_source": source}
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        result = compare(FLAGS.hf_dir, FLAGS.dtype, FLAGS.prompt, FLAGS.num_random_tokens)
+    except (XpressError, FileNotFoundError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    tolerance = FLAGS.tolerance if FLAGS.tolerance is not None else TOLERANCE[FLAGS.dtype]
+    result.update(tolerance=tolerance, passed=result["max_abs_diff"] <= tolerance)
+    print(json.dumps(result))
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    app.run(main)
