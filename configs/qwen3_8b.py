@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from xpress_jax.config import target_arch
+from xpress_jax.config import drafter_section, heads_section, target_arch
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -14,6 +14,8 @@ def get_config() -> ml_collections.ConfigDict:
         vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
         rope_theta=1_000_000.0, tie_word_embeddings=False, max_position_embeddings=40960)
+    config.drafter = drafter_section(num_layers=5, target_layer_ids=(1, 9, 17, 25, 33), block_size=16)
+    config.heads = heads_section(rank=256)
     config.sample = ml_collections.ConfigDict(
         {"prompt": "Write a haiku about speculative decoding.", "max_new_tokens": 64, "max_len": 4096})
     return config

@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from xpress_jax.config import target_arch
+from xpress_jax.config import drafter_section, heads_section, target_arch
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -15,6 +15,8 @@ def get_config() -> ml_collections.ConfigDict:
         vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
         rope_theta=1_000_000.0, tie_word_embeddings=True, max_position_embeddings=4096)
+    config.drafter = drafter_section(num_layers=2, target_layer_ids=(), block_size=16)
+    config.heads = heads_section(rank=32, gru_hidden=32, proj_dim=32)
     config.sample = ml_collections.ConfigDict(
         {"prompt": "Write a haiku about speculative decoding.", "max_new_tokens": 32, "max_len": 512})
     return config

@@ -26,6 +26,11 @@ def last_json(stdout):
 def test_param_count_qwen3_8b():
     counts = component_counts(load_config(os.path.join(ROOT, "configs", "qwen3_8b.py")))
     assert counts["target"] == 8_190_735_360
+    assert counts["drafter"] == 1_048_626_432  # 5 x 192,946,432 + fc 83,886,080 + 2 x 4096
+    assert abs(counts["xpress_refiner"] - 80.5e6) / 80.5e6 < 0.01
+    assert 2.6e6 <= counts["xpress_core"] <= 2.9e6
+    assert counts["markov_head"] == 2 * 151_936 * 256
+    assert counts["gru_head"] > 0
 
 
 def test_param_count_cli():

@@ -24,6 +24,7 @@ DEFAULT_RULES: dict[str, tuple[str, ...]] = {
     "kv_heads": ("tensor",),
     "mlp": ("tensor",),
     "head_dim": (),
+    "features": ("tensor",),
     "rank": (),
     "block": (),
     "layers": (),

@@ -1,0 +1,61 @@
+"""DFlash drafter weights in the layout the `dflash` package, SGLang and vLLM load (reference §3):
+`config.json` + `model.safetensors`, keys without `model.` prefix, no embedding or LM head."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import ml_dtypes
+from flax import nnx
+
+from xpress_jax.checkpoints.hf_qwen3 import load_into, save_from
+from xpress_jax.checkpoints.keymap import KeyRule
+from xpress_jax.checkpoints.safetensors_io import SafetensorsDir
+from xpress_jax.errors import CheckpointError
+from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
+
+DRAFTER_RULES: tuple[KeyRule, ...] = (
+    KeyRule("fc.weight", "fc", in_dims=1),
+    KeyRule("hidden_norm.weight", "hidden_norm.weight"),
+    KeyRule("norm.weight", "norm.weight"),
+    KeyRule("layers.{i}.input_layernorm.weight", "layers.{i}.input_layernorm.weight"),
+    KeyRule("layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attention_layernorm.weight"),
+    KeyRule("layers.{i}.self_attn.q_proj.weight", "layers.{i}.self_attn.q_proj", in_dims=1),
+    KeyRule("layers.{i}.self_attn.k_proj.weight", "layers.{i}.self_attn.k_proj", in_dims=1),
+    KeyRule("layers.{i}.self_attn.v_proj.weight", "layers.{i}.self_attn.v_proj", in_dims=1),
+    KeyRule("layers.{i}.self_attn.o_proj.weight", "layers.{i}.self_attn.o_proj", in_dims=2),
+    KeyRule("layers.{i}.self_attn.q_norm.weight", "layers.{i}.self_attn.q_norm.weight"),
+    KeyRule("layers.{i}.self_attn.k_norm.weight", "layers.{i}.self_attn.k_norm.weight"),
+    KeyRule("layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_proj", in_dims=1),
+    KeyRule("layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.up_proj", in_dims=1),
+    KeyRule("layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down_proj", in_dims=1),
+)
+
+
+def drafter_rules(cfg: DrafterConfig) -> list[KeyRule]:
+    return [r for rule in DRAFTER_RULES for r in rule.expand(cfg.num_hidden_layers)]
+
+
+def load_drafter(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None) -> DFlashDrafter:
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise CheckpointError(f"{path}: no config.json")
+    with open(config_path) as f:
+        hf = json.load(f)
+    if "DFlashDraftModel" not in hf.get("architectures", []):
+        raise CheckpointError(f"{config_path}: architectures {hf.get('architectures')} is not DFlashDraftModel")
+    cfg = DrafterConfig.from_hf(hf)
+    abstract = nnx.eval_shape(lambda: DFlashDrafter(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype))
+    return load_into(abstract, drafter_rules(cfg), SafetensorsDir(path), mesh=mesh)
+
+
+def save_drafter(drafter: DFlashDrafter, out_dir: str, *, dtype=ml_dtypes.bfloat16) -> None:
+    """Writes config.json + a single model.safetensors (bf16 by default, as published drafters are)."""
+    os.makedirs(out_dir, exist_ok=True)
+    save_from(drafter, drafter_rules(drafter.cfg), out_dir, dtype=dtype, max_shard_bytes=2**62)
+    hf = drafter.cfg.to_hf()
+    hf["dtype"] = str(jnp.dtype(dtype)) if dtype is not None else "float32"
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(hf, f, indent=2)

@@ -1,0 +1,47 @@
+"""One entry point from the drafter's outputs to a block of draft tokens, for every head.
+
+    dflash  argmax s (the drafter alone)
+    markov  serial decode (B-1 dependent steps)
+    gru     serial decode
+    xpress  folded refiner solved by Jacobi (K iterations, early stop, optional top-k candidates)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from xpress_jax.decoding.jacobi import JacobiResult, jacobi_solve, pick_from, top_k_candidates
+from xpress_jax.errors import InputError
+
+HEAD_NAMES = ("dflash", "markov", "gru", "xpress")
+
+
+def refine_block(name: str, head, s: jax.Array, h: jax.Array, anchor: jax.Array, embed=None, *,
+                 max_iters: int = 4, early_stop: bool = True, top_k: int = 0) -> JacobiResult:
+    """s: [batch, n, vocab] base logits; h: [batch, n, hidden]; anchor: [batch] -> tokens, logits.
+
+    In candidate mode (xpress, top_k > 0) the returned logits are full-vocabulary rows that are
+    -inf outside the candidates, so sampling and verification need not know about the mode.
+    """
+    batch = s.shape[0]
+    if name == "dflash":
+        return JacobiResult(tokens=jnp.argmax(s, -1).astype(jnp.int32), logits=s.astype(jnp.float32),
+                            iterations=jnp.zeros((batch,), jnp.int32))
+    if name in ("markov", "gru"):
+        tokens, logits = head.decode_serial(s, h, anchor, embed)
+        return JacobiResult(tokens=tokens, logits=logits, iterations=jnp.full((batch,), s.shape[1], jnp.int32))
+    if name != "xpress":
+        raise InputError(f"unknown head {name!r}; choose one of {HEAD_NAMES}")
+    folded = head.fold()
+    c = folded.block_constant(h)  # per-block constant, outside the loop
+    if top_k <= 0:
+        return jacobi_solve(lambda prev: folded.logits(s, c, prev), s, anchor, max_iters=max_iters,
+                            early_stop=early_stop)
+    s_cand, ids = top_k_candidates(s, top_k)
+    w_cand = folded.candidate_readout(ids)  # gathered once: k columns of W_r per position
+    out = jacobi_solve(lambda prev: folded.candidate_logits(s_cand, w_cand, c, prev), s_cand, anchor,
+                       max_iters=max_iters, early_stop=early_stop, pick=pick_from(ids))
+    full = jnp.full(s.shape, -jnp.inf, jnp.float32)
+    full = jax.vmap(jax.vmap(lambda row, i, v: row.at[i].set(v)))(full, ids, out.logits)
+    return out.replace(logits=full)

@@ -1,0 +1,258 @@
+"""The DFlash block-diffusion drafter (reference §2): one parallel pass proposes a block.
+
+Context features (target taps, concatenated) -> `fc` -> `hidden_norm` give one fused vector per
+committed token. Every draft layer projects them with its own k_proj/v_proj (no input norm: the
+features are already normed) and attends from the block's queries to [context ; block] keys,
+non-causally inside the block, at absolute positions. The drafter owns no embedding and no LM
+head: callers pass the target's (frozen) `embed` and `logits`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from xpress_jax.errors import ConfigError
+from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, param
+from xpress_jax.models.qwen3 import Qwen3Config, write_at
+
+QWEN3_MASK_TOKEN_ID = 151669  # an unused row of the Qwen3 embedding
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """DFlash's spacing rule: round(1 + i * (L - 4) / (n - 1)); Qwen3-8B, 5 layers -> [1, 9, 17, 25, 33]."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    vocab_size: int
+    block_size: int = 16
+    mask_token_id: int = QWEN3_MASK_TOKEN_ID
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+
+    def __post_init__(self):
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            raise ConfigError(f"target_layer_ids {bad} outside the target's 0..{self.num_target_layers - 1}")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary of {self.vocab_size}")
+
+    @classmethod
+    def from_target(cls, target: Qwen3Config, num_layers: int = 5, target_layer_ids: Sequence[int] | None = None,
+                    block_size: int = 16, mask_token_id: int = QWEN3_MASK_TOKEN_ID) -> "DrafterConfig":
+        """Draft layers with the target's layer shapes (as DFlash does)."""
+        ids = target_layer_ids or default_target_layer_ids(target.num_hidden_layers, num_layers)
+        return cls(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+                   num_hidden_layers=num_layers, num_attention_heads=target.num_attention_heads,
+                   num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
+                   num_target_layers=target.num_hidden_layers, target_layer_ids=tuple(ids),
+                   vocab_size=target.vocab_size, block_size=block_size, mask_token_id=mask_token_id,
+                   rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta)
+
+    def check_target(self, target: Qwen3Config) -> None:
+        """Refuses a target this drafter cannot read (different width, vocabulary or depth)."""
+        for mine, theirs, what in ((self.hidden_size, target.hidden_size, "hidden_size"),
+                                   (self.vocab_size, target.vocab_size, "vocab_size"),
+                                   (self.num_target_layers, target.num_hidden_layers, "number of target layers")):
+            if mine != theirs:
+                raise ConfigError(f"drafter {what} is {mine} but the target's is {theirs}")
+
+    def to_hf(self) -> dict[str, Any]:
+        """config.json as the `dflash` package, SGLang and vLLM read it (reference §3)."""
+        return {
+            "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": self.block_size,
+            "num_target_layers": self.num_target_layers,
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
+            "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers, "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "layer_types": ["full_attention"] * self.num_hidden_layers, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "vocab_size": self.vocab_size, "tie_word_embeddings": False,
+            "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+            "max_position_embeddings": 40960,
+        }
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "DrafterConfig":
+        base = Qwen3Config.from_hf({**hf, "tie_word_embeddings": False}, source="drafter config.json")
+        dflash = hf.get("dflash_config", {})
+        n = hf["num_hidden_layers"]
+        ids = dflash.get("target_layer_ids") or default_target_layer_ids(hf["num_target_layers"], n)
+        return cls(hidden_size=base.hidden_size, intermediate_size=base.intermediate_size, num_hidden_layers=n,
+                   num_attention_heads=base.num_attention_heads, num_key_value_heads=base.num_key_value_heads,
+                   head_dim=base.head_dim, num_target_layers=hf["num_target_layers"], target_layer_ids=tuple(ids),
+                   vocab_size=base.vocab_size, block_size=hf.get("block_size", 16),
+                   mask_token_id=dflash.get("mask_token_id", QWEN3_MASK_TOKEN_ID),
+                   rms_norm_eps=base.rms_norm_eps, rope_theta=base.rope_theta)
+
+
+@struct.dataclass
+class ContextCache:
+    """Per-layer keys/values of the fused context features; slot i = absolute position i.
+
+    Grows as tokens are committed; rollback only moves `lengths` (stale slots are masked).
+    """
+
+    k: tuple[jax.Array, ...]  # per layer [batch, max_len, kv_heads, head_dim]
+    v: tuple[jax.Array, ...]
+    lengths: jax.Array  # [batch] int32: context tokens per sequence
+
+    @classmethod
+    def init(cls, cfg: DrafterConfig, batch: int, max_len: int, dtype=jnp.float32) -> "ContextCache":
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))  # noqa: E731
+        return cls(k=zeros(), v=zeros(), lengths=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+    def rollback(self, lengths: jax.Array) -> "ContextCache":
+        return self.replace(lengths=lengths.astype(jnp.int32))
+
+
+class DFlashDrafter(nnx.Module):
+    def __init__(self, cfg: DrafterConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+        self.cfg = cfg
+        self.dtype = dtype
+        n_feat = len(cfg.target_layer_ids)
+        self.fc = param(rngs, (n_feat * cfg.hidden_size, cfg.hidden_size), ("features", "embed"), param_dtype)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axis_name="embed",
+                                   param_dtype=param_dtype, rngs=rngs)
+        self.layers = nnx.List([
+            DecoderLayer(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+                         heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                         eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, dtype=dtype, param_dtype=param_dtype,
+                         rngs=rngs)
+            for _ in range(cfg.num_hidden_layers)
+        ])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axis_name="embed", param_dtype=param_dtype, rngs=rngs)
+
+    def fuse(self, taps: jax.Array) -> jax.Array:
+        """taps: [batch, seq, n_taps, hidden] (target hidden states) -> fused context [batch, seq, hidden]."""
+        b, t, n, h = taps.shape
+        x = taps.reshape(b, t, n * h).astype(self.dtype) @ self.fc[...].astype(self.dtype)
+        return self.hidden_norm(x)
+
+    def context_kv(self, fused: jax.Array, positions: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
+        """Per layer (k, v) [batch, seq, kv_heads, head_dim] of fused context at `positions` [batch, seq]."""
+        return [layer.self_attn.keys_values(fused, positions) for layer in self.layers]
+
+    def extend_context(self, cache: ContextCache, taps: jax.Array, num_new: jax.Array | None = None) -> ContextCache:
+        """Appends the features of newly committed tokens (taps [batch, t, n, hidden]) at cache.lengths.
+
+        `num_new` [batch] (<= t) says how many of the t are real per sequence; the rest are
+        written but left outside the new lengths, so later appends overwrite them.
+        """
+        t = taps.shape[1]
+        positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)
+        kv = self.context_kv(self.fuse(taps), positions)
+        k = tuple(write_at(c, k_new, cache.lengths) for c, (k_new, _) in zip(cache.k, kv))
+        v = tuple(write_at(c, v_new, cache.lengths) for c, (_, v_new) in zip(cache.v, kv))
+        added = jnp.full_like(cache.lengths, t) if num_new is None else num_new.astype(jnp.int32)
+        return ContextCache(k=k, v=v, lengths=cache.lengths + added)
+
+    def __call__(self, block_embeds: jax.Array, cache: ContextCache) -> jax.Array:
+        """Inference: one block per sequence at positions cache.lengths + arange(B).
+
+        block_embeds: [batch, B, hidden] (target embeddings of [last token, MASK, ...]).
+        Returns the final-normed hidden states [batch, B, hidden]; slot k >= 1 predicts token start + k.
+        """
+        batch, block, _ = block_embeds.shape
+        positions = cache.lengths[:, None] + jnp.arange(block, dtype=jnp.int32)  # [batch, B]
+        ctx_visible = jnp.arange(cache.max_len)[None, :] < cache.lengths[:, None]  # [batch, max_len]
+        mask = jnp.concatenate([jnp.broadcast_to(ctx_visible[:, None, :], (batch, block, cache.max_len)),
+                                jnp.ones((batch, block, block), bool)], axis=-1)  # [batch, B, max_len + B]
+        x = block_embeds.astype(self.dtype)
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            q = layer.self_attn.queries(h, positions)
+            k_blk, v_blk = layer.self_attn.keys_values(h, positions)
+            k = jnp.concatenate([cache.k[i].astype(k_blk.dtype), k_blk], axis=1)
+            v = jnp.concatenate([cache.v[i].astype(v_blk.dtype), v_blk], axis=1)
+            x = x + layer.self_attn.output(attend(q, k, v, mask))
+            x = layer.mlp_block(x)
+        return self.norm(x)
+
+    def train_blocks(self, taps: jax.Array, block_embeds: jax.Array, anchors: jax.Array,
+                     anchor_valid: jax.Array | None = None) -> jax.Array:
+        """Training: many anchored blocks of each sequence in one pass (block-sparse attention).
+
+        taps: [batch, seq, n_taps, hidden] target features of the whole sequence;
+        block_embeds: [batch, A, B, hidden] embeddings of [token at anchor, MASK, ...];
+        anchors: [batch, A] anchor positions p; block a sits at positions p..p+B-1.
+        A block's queries see context keys at positions < p (strictly) and their own block,
+        never another block. Returns hidden states [batch, A, B, hidden].
+        """
+        batch, seq = taps.shape[:2]
+        _, n_anchors, block, hidden = block_embeds.shape
+        ctx_pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+        ctx_kv = self.context_kv(self.fuse(taps), ctx_pos)
+        blk_pos = anchors[:, :, None] + jnp.arange(block, dtype=jnp.int32)  # [batch, A, B]
+        ctx_visible = ctx_pos[:, None, :] < anchors[:, :, None]  # [batch, A, seq]
+        if anchor_valid is not None:  # padding anchors see only their own block
+            ctx_visible &= anchor_valid[:, :, None]
+        flat_pos = blk_pos.reshape(batch, n_anchors * block)
+        x = block_embeds.reshape(batch, n_anchors * block, hidden).astype(self.dtype)
+        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
+            h = layer.input_layernorm(x)
+            q = layer.self_attn.queries(h, flat_pos)
+            k_blk, v_blk = layer.self_attn.keys_values(h, flat_pos)
+            attn = _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, n_anchors)
+            x = x + layer.self_attn.output(attn)
+            x = layer.mlp_block(x)
+        return self.norm(x).reshape(batch, n_anchors, block, hidden)
+
+
+def _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, n_anchors):
+    """Softmax over [visible context ; own block] for every block, without an A*B x A*B mask.
+
+    q, k_blk, v_blk: [batch, A*B, heads|kv_heads, head_dim]; k_ctx, v_ctx: [batch, seq, kv_heads, head_dim];
+    ctx_visible: [batch, A, seq]. Memory is A*B*(seq + B) scores instead of A*B*(seq + A*B).
+    """
+    batch, ab, heads, head_dim = q.shape
+    block = ab // n_anchors
+    kv_heads = k_ctx.shape[2]
+    group = heads // kv_heads
+    qg = q.reshape(batch, n_anchors, block, kv_heads, group, head_dim)
+    kb = k_blk.reshape(batch, n_anchors, block, kv_heads, head_dim)
+    vb = v_blk.reshape(batch, n_anchors, block, kv_heads, head_dim)
+    scale = head_dim**-0.5
+    s_ctx = jnp.einsum("baqkgd,bskd->bakgqs", qg, k_ctx, preferred_element_type=jnp.float32) * scale
+    s_blk = jnp.einsum("baqkgd,baskd->bakgqs", qg, kb, preferred_element_type=jnp.float32) * scale
+    s_ctx = jnp.where(ctx_visible[:, :, None, None, None, :], s_ctx, -0.7 * float(jnp.finfo(jnp.float32).max))
+    probs = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], axis=-1), axis=-1)
+    seq = k_ctx.shape[1]
+    p_ctx, p_blk = probs[..., :seq].astype(v_ctx.dtype), probs[..., seq:].astype(vb.dtype)
+    out = jnp.einsum("bakgqs,bskd->baqkgd", p_ctx, v_ctx) + jnp.einsum("bakgqs,baskd->baqkgd", p_blk, vb)
+    return out.reshape(batch, ab, heads, head_dim)
+
+
+def block_inputs(anchor_tokens: jax.Array, block_size: int, mask_token_id: int) -> jax.Array:
+    """[..., ] anchor ids -> [..., B] block tokens [anchor, MASK x (B-1)]."""
+    masks = jnp.full(anchor_tokens.shape + (block_size - 1,), mask_token_id, jnp.int32)
+    return jnp.concatenate([anchor_tokens[..., None].astype(jnp.int32), masks], axis=-1)
+
+
+def draft_logits(hidden: jax.Array, lm_head: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Base logits s of the draft slots: hidden [batch, B, hidden] -> [batch, B-1, vocab] (slot 0 is the anchor)."""
+    return lm_head(hidden[:, 1:])

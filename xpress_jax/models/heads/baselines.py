@@ -1,0 +1,90 @@
+"""The serial baselines XPress is compared with (reference §4).
+
+DSpark Markov head: delta_k = W1[x_{k-1}] W2^T, a bigram bias (XPress with only the token input).
+Domino GRU head: a GRU (no bias) over the target embeddings of the realised previous tokens;
+delta_k = W_b silu(W_a [h_k ; state_k]), state_k = GRU(state_{k-1}, embed(x_{k-1})).
+Both are decoded serially (`decode_serial`, B-1 dependent steps).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from xpress_jax.models.layers import param
+
+
+class MarkovHead(nnx.Module):
+    def __init__(self, *, vocab_size: int, rank: int = 256, rngs: nnx.Rngs, dtype=jnp.float32,
+                 param_dtype=jnp.float32, **_):
+        self.dtype = dtype
+        self.markov_w1 = param(rngs, (vocab_size, rank), ("vocab", "rank"), param_dtype)
+        self.markov_w2 = param(rngs, (vocab_size, rank), ("vocab", "rank"), param_dtype)
+
+    def step_delta(self, prev: jax.Array) -> jax.Array:
+        """prev: [...] token ids -> delta [..., vocab]."""
+        e = jnp.take(self.markov_w1[...].astype(self.dtype), prev, axis=0)
+        return jnp.einsum("...r,vr->...v", e, self.markov_w2[...].astype(self.dtype), preferred_element_type=jnp.float32)
+
+    def __call__(self, s, h, prev_tokens, embed=None):
+        return s.astype(jnp.float32) + self.step_delta(prev_tokens)
+
+    def decode_serial(self, s, h, anchor, embed=None):
+        """Greedy left to right: tokens [batch, n], logits [batch, n, vocab]."""
+        def step(prev, s_k):
+            l_k = s_k.astype(jnp.float32) + self.step_delta(prev)
+            tok = jnp.argmax(l_k, axis=-1).astype(jnp.int32)
+            return tok, (tok, l_k)
+        _, (tokens, logits) = jax.lax.scan(step, anchor.astype(jnp.int32), jnp.moveaxis(s, 1, 0))
+        return jnp.moveaxis(tokens, 0, 1), jnp.moveaxis(logits, 0, 1)
+
+
+class GRUHead(nnx.Module):
+    def __init__(self, *, vocab_size: int, hidden_size: int, gru_hidden: int = 256, proj_dim: int = 256,
+                 rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32, **_):
+        self.dtype = dtype
+        self.gru_w_ih = param(rngs, (hidden_size, 3, gru_hidden), ("embed", None, "rank"), param_dtype)  # gates r, z, n
+        self.gru_w_hh = param(rngs, (gru_hidden, 3, gru_hidden), ("rank", None, None), param_dtype)
+        self.proj_in = param(rngs, (hidden_size + gru_hidden, proj_dim), (None, "rank"), param_dtype)
+        self.proj_out = param(rngs, (proj_dim, vocab_size), ("rank", "vocab"), param_dtype)
+
+    def gru_step(self, state: jax.Array, x: jax.Array) -> jax.Array:
+        """PyTorch GRU cell without bias: state [batch, G], x [batch, hidden] -> new state."""
+        gi = jnp.einsum("bh,hcg->bcg", x, self.gru_w_ih[...].astype(self.dtype))
+        gh = jnp.einsum("bh,hcg->bcg", state, self.gru_w_hh[...].astype(self.dtype))
+        r = jax.nn.sigmoid(gi[:, 0] + gh[:, 0])
+        z = jax.nn.sigmoid(gi[:, 1] + gh[:, 1])
+        n = jnp.tanh(gi[:, 2] + r * gh[:, 2])
+        return (1 - z) * n + z * state
+
+    def step_delta(self, h_k: jax.Array, state: jax.Array) -> jax.Array:
+        feats = jnp.concatenate([h_k.astype(self.dtype), state], axis=-1)
+        hidden = jax.nn.silu(feats @ self.proj_in[...].astype(self.dtype))
+        return jnp.einsum("...p,pv->...v", hidden, self.proj_out[...].astype(self.dtype),
+                          preferred_element_type=jnp.float32)
+
+    def _init_state(self, batch):
+        return jnp.zeros((batch, self.gru_w_hh.shape[0]), self.dtype)
+
+    def __call__(self, s, h, prev_tokens, embed):
+        """Teacher-forced: the GRU walks the given previous tokens (still a scan over positions)."""
+        e = embed(prev_tokens).astype(self.dtype)  # [batch, n, hidden]
+
+        def step(state, x):
+            state = self.gru_step(state, x)
+            return state, state
+        _, states = jax.lax.scan(step, self._init_state(s.shape[0]), jnp.moveaxis(e, 1, 0))
+        return s.astype(jnp.float32) + self.step_delta(h, jnp.moveaxis(states, 0, 1))
+
+    def decode_serial(self, s, h, anchor, embed):
+        def step(carry, inputs):
+            state, prev = carry
+            s_k, h_k = inputs
+            state = self.gru_step(state, embed(prev[:, None])[:, 0].astype(self.dtype))
+            l_k = s_k.astype(jnp.float32) + self.step_delta(h_k, state)
+            tok = jnp.argmax(l_k, axis=-1).astype(jnp.int32)
+            return (state, tok), (tok, l_k)
+        init = (self._init_state(s.shape[0]), anchor.astype(jnp.int32))
+        _, (tokens, logits) = jax.lax.scan(step, init, (jnp.moveaxis(s, 1, 0), jnp.moveaxis(h, 1, 0)))
+        return jnp.moveaxis(tokens, 0, 1), jnp.moveaxis(logits, 0, 1)
