@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
-from xpress_jax.decoding.target_only import generate_greedy
+from xpress_jax.decoding.speculative import generate_greedy
 from xpress_jax.errors import ConfigError, InputError
 from xpress_jax.models.qwen3 import KVCache, Qwen3Config
 

@@ -20,7 +20,7 @@ from flax import nnx
 
 from xpress_jax import cli
 from xpress_jax.config import dtype, target_config
-from xpress_jax.decoding.target_only import generate_greedy
+from xpress_jax.decoding.speculative import generate_greedy
 from xpress_jax.models.qwen3 import Qwen3
 
 log = logging.getLogger("xpress_jax.sample")

@@ -13,35 +13,44 @@ import jax.numpy as jnp
 
 from xpress_jax.decoding.jacobi import JacobiResult, jacobi_solve, pick_from, top_k_candidates
 from xpress_jax.errors import InputError
+from xpress_jax.models.heads.baselines import choose
 
 HEAD_NAMES = ("dflash", "markov", "gru", "xpress")
 
 
 def refine_block(name: str, head, s: jax.Array, h: jax.Array, anchor: jax.Array, embed=None, *,
-                 max_iters: int = 4, early_stop: bool = True, top_k: int = 0) -> JacobiResult:
+                 max_iters: int = 4, early_stop: bool = True, top_k: int = 0,
+                 noise: jax.Array | None = None, temperature: float = 1.0) -> JacobiResult:
     """s: [batch, n, vocab] base logits; h: [batch, n, hidden]; anchor: [batch] -> tokens, logits.
 
+    Greedy without `noise`; with Gumbel noise [batch, n, vocab] each token is argmax(l/T + G),
+    a sample from softmax(l/T) of the logits returned. The noise stays fixed across Jacobi
+    iterations, so the fixed point is the sequential sampled decode with the same noise.
     In candidate mode (xpress, top_k > 0) the returned logits are full-vocabulary rows that are
     -inf outside the candidates, so sampling and verification need not know about the mode.
     """
     batch = s.shape[0]
     if name == "dflash":
-        return JacobiResult(tokens=jnp.argmax(s, -1).astype(jnp.int32), logits=s.astype(jnp.float32),
+        return JacobiResult(tokens=choose(s.astype(jnp.float32), noise, temperature), logits=s.astype(jnp.float32),
                             iterations=jnp.zeros((batch,), jnp.int32))
     if name in ("markov", "gru"):
-        tokens, logits = head.decode_serial(s, h, anchor, embed)
+        tokens, logits = head.decode_serial(s, h, anchor, embed, noise=noise, temperature=temperature)
         return JacobiResult(tokens=tokens, logits=logits, iterations=jnp.full((batch,), s.shape[1], jnp.int32))
     if name != "xpress":
         raise InputError(f"unknown head {name!r}; choose one of {HEAD_NAMES}")
     folded = head.fold()
     c = folded.block_constant(h)  # per-block constant, outside the loop
     if top_k <= 0:
+        pick = lambda scores: choose(scores, noise, temperature)  # noqa: E731
         return jacobi_solve(lambda prev: folded.logits(s, c, prev), s, anchor, max_iters=max_iters,
-                            early_stop=early_stop)
+                            early_stop=early_stop, pick=pick)
     s_cand, ids = top_k_candidates(s, top_k)
     w_cand = folded.candidate_readout(ids)  # gathered once: k columns of W_r per position
+    noise_cand = None if noise is None else jnp.take_along_axis(noise, ids, axis=-1)
+    to_id = pick_from(ids)
+    pick = lambda scores: to_id(scores if noise is None else scores / temperature + noise_cand)  # noqa: E731
     out = jacobi_solve(lambda prev: folded.candidate_logits(s_cand, w_cand, c, prev), s_cand, anchor,
-                       max_iters=max_iters, early_stop=early_stop, pick=pick_from(ids))
+                       max_iters=max_iters, early_stop=early_stop, pick=pick)
     full = jnp.full(s.shape, -jnp.inf, jnp.float32)
     full = jax.vmap(jax.vmap(lambda row, i, v: row.at[i].set(v)))(full, ids, out.logits)
     return out.replace(logits=full)

@@ -15,6 +15,17 @@ from flax import nnx
 from xpress_jax.models.layers import param
 
 
+def choose(l_k: jax.Array, noise_k: jax.Array | None, temperature: float) -> jax.Array:
+    """argmax l (greedy), or argmax(l / T + G): a sample from softmax(l / T) (Gumbel-max)."""
+    if noise_k is None:
+        return jnp.argmax(l_k, axis=-1).astype(jnp.int32)
+    return jnp.argmax(l_k / temperature + noise_k, axis=-1).astype(jnp.int32)
+
+
+def _positions_first(x):
+    return None if x is None else jnp.moveaxis(x, 1, 0)
+
+
 class MarkovHead(nnx.Module):
     def __init__(self, *, vocab_size: int, rank: int = 256, rngs: nnx.Rngs, dtype=jnp.float32,
                  param_dtype=jnp.float32, **_):
@@ -30,13 +41,16 @@ class MarkovHead(nnx.Module):
     def __call__(self, s, h, prev_tokens, embed=None):
         return s.astype(jnp.float32) + self.step_delta(prev_tokens)
 
-    def decode_serial(self, s, h, anchor, embed=None):
-        """Greedy left to right: tokens [batch, n], logits [batch, n, vocab]."""
-        def step(prev, s_k):
+    def decode_serial(self, s, h, anchor, embed=None, noise=None, temperature=1.0):
+        """Left to right (greedy, or sampled with Gumbel noise [batch, n, vocab]):
+        tokens [batch, n], logits [batch, n, vocab]."""
+        def step(prev, inputs):
+            s_k, g_k = inputs
             l_k = s_k.astype(jnp.float32) + self.step_delta(prev)
-            tok = jnp.argmax(l_k, axis=-1).astype(jnp.int32)
+            tok = choose(l_k, g_k, temperature)
             return tok, (tok, l_k)
-        _, (tokens, logits) = jax.lax.scan(step, anchor.astype(jnp.int32), jnp.moveaxis(s, 1, 0))
+        xs = (jnp.moveaxis(s, 1, 0), _positions_first(noise))
+        _, (tokens, logits) = jax.lax.scan(step, anchor.astype(jnp.int32), xs)
         return jnp.moveaxis(tokens, 0, 1), jnp.moveaxis(logits, 0, 1)
 
 
@@ -77,14 +91,15 @@ class GRUHead(nnx.Module):
         _, states = jax.lax.scan(step, self._init_state(s.shape[0]), jnp.moveaxis(e, 1, 0))
         return s.astype(jnp.float32) + self.step_delta(h, jnp.moveaxis(states, 0, 1))
 
-    def decode_serial(self, s, h, anchor, embed):
+    def decode_serial(self, s, h, anchor, embed, noise=None, temperature=1.0):
         def step(carry, inputs):
             state, prev = carry
-            s_k, h_k = inputs
+            s_k, h_k, g_k = inputs
             state = self.gru_step(state, embed(prev[:, None])[:, 0].astype(self.dtype))
             l_k = s_k.astype(jnp.float32) + self.step_delta(h_k, state)
-            tok = jnp.argmax(l_k, axis=-1).astype(jnp.int32)
+            tok = choose(l_k, g_k, temperature)
             return (state, tok), (tok, l_k)
         init = (self._init_state(s.shape[0]), anchor.astype(jnp.int32))
-        _, (tokens, logits) = jax.lax.scan(step, init, (jnp.moveaxis(s, 1, 0), jnp.moveaxis(h, 1, 0)))
+        xs = (jnp.moveaxis(s, 1, 0), jnp.moveaxis(h, 1, 0), _positions_first(noise))
+        _, (tokens, logits) = jax.lax.scan(step, init, xs)
         return jnp.moveaxis(tokens, 0, 1), jnp.moveaxis(logits, 0, 1)

@@ -1,0 +1,134 @@
+"""Speculative decoding is lossless: greedy output equals target-only output token for token,
+and sampling preserves the target's distribution (chi-square)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from spec_fixtures import BLOCK, counting_models, random_models, zero_logit_models
+from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.errors import ConfigError, InputError
+
+PROMPTS = [[5, 9, 2, 7, 11], [3], [1, 4, 1, 5, 9, 2, 6, 5, 3]]
+DECODES = [("dflash", {}), ("markov", {}), ("gru", {}), ("xpress", dict(max_iters=2)),
+           ("xpress", dict(max_iters=BLOCK - 1, early_stop=False)), ("xpress", dict(max_iters=4, top_k=5))]
+
+
+def target_only(models, prompts, **kw):
+    return generate(SpecModels(models.target), prompts, decoder="target", **kw)
+
+
+@pytest.mark.parametrize("decoder, options", DECODES)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_equals_target_only_random_models(decoder, options, batch):
+    models = random_models(decoder, seed=batch)
+    prompts = PROMPTS[:batch]
+    for max_new in (11, 8):  # 11 is not a multiple of the block
+        ref = target_only(models, prompts, max_new_tokens=max_new)
+        out = generate(models, prompts, decoder=decoder, max_new_tokens=max_new, **options)
+        assert out.tokens == ref.tokens
+        assert all(len(t) == max_new for t in out.tokens)
+        assert out.stats["steps"].min() >= 1
+
+
+@pytest.mark.parametrize("decoder, options", DECODES)
+def test_greedy_stops_on_stop_token_like_target_only(decoder, options):
+    models = random_models(decoder, seed=7)
+    free = target_only(models, PROMPTS, max_new_tokens=14)
+    stop = free.tokens[0][3]  # a token the first sequence produces early
+    ref = target_only(models, PROMPTS, max_new_tokens=14, stop_ids=[stop])
+    out = generate(models, PROMPTS, decoder=decoder, max_new_tokens=14, stop_ids=[stop], **options)
+    assert out.tokens == ref.tokens and out.stopped == ref.stopped
+    assert out.stopped[0] and out.tokens[0][-1] == stop and len(out.tokens[0]) <= 4
+
+
+@pytest.mark.parametrize("decoder", ["markov", "gru", "xpress"])
+def test_near_complete_acceptance_counting_target(decoder):
+    models = counting_models(decoder)
+    prompts = [[3, 4], [10], [30, 31, 0]]
+    options = dict(max_iters=BLOCK - 1) if decoder == "xpress" else {}
+    out = generate(models, prompts, decoder=decoder, max_new_tokens=13, **options)
+    ref = target_only(models, prompts, max_new_tokens=13)
+    assert out.tokens == ref.tokens
+    assert out.tokens[0][:4] == [5, 6, 7, 8]
+    assert out.tau > BLOCK - 0.6  # every draft accepted except where max_new_tokens cuts a block
+    assert (out.stats["accepted_at"][:, -1] >= out.stats["steps"] - 1).all()
+
+
+def test_full_acceptance_with_the_bare_drafter():
+    models = zero_logit_models()
+    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=10)
+    assert out.tokens == target_only(models, PROMPTS, max_new_tokens=10).tokens
+    assert out.stats["steps"].tolist() == [3, 3, 3]  # 1 from prefill + 4 + 4 + (cut to) 1
+    assert out.tau == pytest.approx(3.0)
+
+
+def exact_first_two(target, prompt, temperature):
+    """P(t1, t2) of the target: [vocab, vocab]."""
+    vocab = target.cfg.vocab_size
+    p1 = jax.nn.softmax(target(jnp.asarray([prompt])).logits[0, -1] / temperature)
+    seqs = jnp.asarray([prompt + [t] for t in range(vocab)])
+    p2 = jax.nn.softmax(target(seqs).logits[:, -1] / temperature, axis=-1)
+    return np.asarray(p1[:, None] * p2, np.float64)
+
+
+def chi_square_p(counts, expected_prob):
+    n = counts.sum()
+    expected = expected_prob.ravel() * n
+    observed = counts.ravel().astype(np.float64)
+    small = expected < 5  # pool rare cells so the chi-square approximation holds
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+
+
+@pytest.mark.parametrize("case", ["bad_draft_dflash", "bad_draft_xpress", "good_draft_markov"])
+def test_sampling_preserves_the_target_distribution(case):
+    temperature = 1.0
+    if case == "good_draft_markov":
+        models, decoder, options = counting_models("markov", vocab=16, scale=0.5), "markov", {}
+    else:
+        decoder = case.split("_")[-1]
+        models = random_models(decoder, seed=11, vocab=16)
+        options = dict(max_iters=2, top_k=4) if decoder == "xpress" else {}
+    prompt = [3, 1, 4]
+    runs = 20_000
+    out = generate(models, [prompt] * runs, decoder=decoder, max_new_tokens=2, temperature=temperature,
+                   seed=123, **options)
+    pairs = np.array([t[:2] for t in out.tokens])
+    counts = np.zeros((16, 16))
+    np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)
+    p = chi_square_p(counts, exact_first_two(models.target, prompt, temperature))
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
+    if case == "good_draft_markov":  # q == p: the first draft is always accepted
+        assert out.stats["accepted_at"][:, 0].mean() == 1.0
+    else:
+        assert 0.0 < out.stats["accepted_at"][:, 0].mean() < 1.0
+
+
+def test_sampling_is_reproducible_by_seed():
+    models = random_models("dflash", seed=2, vocab=16)
+    a = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, temperature=0.8, seed=5)
+    b = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, temperature=0.8, seed=5)
+    c = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, temperature=0.8, seed=6)
+    assert a.tokens == b.tokens and a.tokens != c.tokens
+
+
+def test_bad_requests_get_clear_errors():
+    models = random_models("dflash")
+    with pytest.raises(InputError, match="empty"):
+        generate(models, [[1, 2], []], max_new_tokens=4)
+    with pytest.raises(InputError, match="cache holds 12"):
+        generate(models, [[1] * 6], max_new_tokens=4, max_len=12)
+    with pytest.raises(InputError, match="unknown head 'medusa'"):
+        generate(models, PROMPTS, decoder="medusa")
+    with pytest.raises(InputError, match="no xpress head"):
+        generate(models, PROMPTS, decoder="xpress")
+    with pytest.raises(InputError, match="token ids must lie"):
+        generate(models, [[1, 4800]], max_new_tokens=2)
+    other = random_models("dflash", vocab=64)
+    with pytest.raises(ConfigError, match="drafter vocab_size is 64 but the target's is 48"):
+        generate(SpecModels(models.target, other.drafter), PROMPTS, max_new_tokens=2)

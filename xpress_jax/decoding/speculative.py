@@ -1,0 +1,225 @@
+"""Speculative decoding, all under one `jit`: prefill, then a `lax.while_loop` of
+draft (drafter + head) -> verify (one target pass over the block) -> accept -> commit.
+
+Each sequence of the batch advances by its own acceptance; caches roll back by moving lengths.
+Target-only decoding (the baseline) is the same loop with a block of one token and no drafter.
+
+Invariants at the top of every step, per sequence: the target cache and the drafter context
+hold positions 0..L-1 (L = cache length); `last` is the newest token, at position L, emitted
+but not yet run through the target (it is slot 0 of the next block).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from xpress_jax.decoding.refine import HEAD_NAMES, refine_block
+from xpress_jax.decoding.verify import greedy_accept, gumbel_noise, speculative_accept
+from xpress_jax.errors import InputError
+from xpress_jax.models.drafter import ContextCache, DFlashDrafter, block_inputs
+from xpress_jax.models.qwen3 import KVCache, Qwen3, write_at
+
+PAD = -1  # fills the output after a sequence stops
+DECODERS = ("target",) + HEAD_NAMES  # "target" = target-only decoding
+
+
+class SpecModels(nnx.Module):
+    """Target, drafter and head in one graph, so one split/merge carries them into `jit`."""
+
+    def __init__(self, target: Qwen3, drafter: DFlashDrafter | None = None, head: nnx.Module | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.head = head
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """Static settings: each distinct value compiles once."""
+
+    decoder: str = "dflash"  # one of DECODERS
+    max_new_tokens: int = 256
+    greedy: bool = True
+    max_iters: int = 4  # Jacobi K (xpress)
+    early_stop: bool = True
+    top_k: int = 0  # candidate mode (xpress) when > 0
+    max_len: int = 0  # cache slots
+
+
+@struct.dataclass
+class DecodeStats:
+    steps: jax.Array  # [batch] verification steps
+    committed: jax.Array  # [batch] tokens committed by those steps (sum of acc + 1, cut at stops)
+    accepted_at: jax.Array  # [batch, B-1] steps whose acceptance reached position k (1-based k = index + 1)
+    iterations: jax.Array  # [batch] Jacobi iterations (or serial steps) summed over steps
+
+
+@dataclasses.dataclass
+class Generation:
+    tokens: list[list[int]]  # generated ids per sequence (stop token included)
+    stopped: list[bool]  # ended on a stop token
+    stats: dict[str, np.ndarray]  # DecodeStats as numpy arrays
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verification step (acc + 1, bonus included), over the whole batch."""
+        steps = self.stats["steps"].sum()
+        return float(self.stats["committed"].sum() / steps) if steps else float("nan")
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads prompts to one length: ids [batch, max_prompt], lengths [batch]. Refuses empty prompts."""
+    if not prompts:
+        raise InputError("no prompts given")
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    if lengths.min() == 0:
+        raise InputError(f"prompt {int(np.argmin(lengths))} is empty; every prompt needs at least one token")
+    ids = np.full((len(prompts), lengths.max()), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = p
+    return ids, lengths
+
+
+def _is_stop(tokens, stop_ids):
+    return jnp.any(tokens[..., None] == stop_ids, axis=-1)
+
+
+def _row(x, index):
+    """x: [batch, t, ...], index: [batch] -> x[b, index[b]]."""
+    return jnp.take_along_axis(x, index.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "opts"))
+def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, opts: DecodeOptions):
+    models = nnx.merge(graphdef, state)
+    target, drafter, head = models.target, models.drafter, models.head
+    batch = prompt.shape[0]
+    block = 1 if opts.decoder == "target" else drafter.cfg.block_size
+    n = block - 1
+    taps = () if drafter is None else drafter.cfg.target_layer_ids
+    max_new = opts.max_new_tokens
+
+    # prefill: the prompt through the target; its first token; the drafter's context
+    out = target(prompt, cache=KVCache.init(target.cfg, batch, opts.max_len, target.dtype),
+                 num_new=prompt_lens, tap_layers=taps)
+    key, k_first = jax.random.split(key)
+    last_logits = _row(out.logits, prompt_lens - 1)  # [batch, vocab]
+    if opts.greedy:
+        first = jnp.argmax(last_logits, -1).astype(jnp.int32)
+    else:
+        first = jax.random.categorical(k_first, last_logits / temperature).astype(jnp.int32)
+    ctx = None
+    if drafter is not None:
+        ctx = drafter.extend_context(ContextCache.init(drafter.cfg, batch, opts.max_len, target.dtype),
+                                     out.taps, num_new=prompt_lens)
+    buf = jnp.full((batch, max_new + block), PAD, jnp.int32).at[:, 0].set(first)
+    done = _is_stop(first, stop_ids) | (max_new <= 1)
+    stats = DecodeStats(steps=jnp.zeros((batch,), jnp.int32), committed=jnp.zeros((batch,), jnp.int32),
+                        accepted_at=jnp.zeros((batch, n), jnp.int32), iterations=jnp.zeros((batch,), jnp.int32))
+    slots = jnp.arange(block, dtype=jnp.int32)
+
+    def step(carry):
+        tcache, ctx, last, buf, n_out, done, key, stats = carry
+        key, k_noise, k_accept = jax.random.split(key, 3)
+        iterations = jnp.zeros((batch,), jnp.int32)
+        if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
+            hidden = drafter(target.embed(block_inputs(last, block, drafter.cfg.mask_token_id)), ctx)  # [b, B, H]
+            s = target.logits(hidden[:, 1:])  # [batch, n, vocab]
+            noise = None if opts.greedy else gumbel_noise(k_noise, s.shape)
+            res = refine_block(opts.decoder, head, s, hidden[:, 1:], last, target.embed, max_iters=opts.max_iters,
+                               early_stop=opts.early_stop, top_k=opts.top_k, noise=noise, temperature=temperature)
+            draft, draft_logits, iterations = res.tokens, res.logits, res.iterations
+        else:
+            draft = jnp.zeros((batch, 0), jnp.int32)
+            draft_logits = jnp.zeros((batch, 0, target.cfg.vocab_size), jnp.float32)
+        verify = target(jnp.concatenate([last[:, None], draft], axis=1), cache=tcache, tap_layers=taps)
+        if opts.greedy:
+            acc, nxt = greedy_accept(draft, verify.logits)
+        else:
+            acc, nxt = speculative_accept(k_accept, draft, draft_logits, verify.logits, temperature)
+
+        # the step's new tokens: accepted drafts, then the target's token (slots past acc unused)
+        new = jnp.where(slots[None, :] < acc[:, None], jnp.pad(draft, ((0, 0), (0, 1))), nxt[:, None])
+        stop_hit = _is_stop(new, stop_ids) & (slots[None, :] <= acc[:, None])
+        first_stop = jnp.where(jnp.any(stop_hit, 1), jnp.argmax(stop_hit, 1), block)
+        produced = jnp.minimum(jnp.minimum(acc + 1, first_stop + 1), max_new - n_out)
+        produced = jnp.where(done, 0, produced)
+
+        buf = write_at(buf, new, n_out)  # writes past n_out + produced are overwritten later
+        active = ~done
+        done = done | (first_stop < produced) | (n_out + produced >= max_new)
+        n_out = n_out + produced
+        # commit: keep last + the accepted drafts in both caches; roll back the rest
+        new_len = tcache.lengths + produced
+        tcache = verify.cache.rollback(new_len)
+        if drafter is not None:
+            ctx = drafter.extend_context(ctx, verify.taps, num_new=produced)
+        last = jnp.where(produced > 0, _row(new, jnp.maximum(produced - 1, 0)), last)
+        counted = active.astype(jnp.int32)
+        stats = DecodeStats(
+            steps=stats.steps + counted, committed=stats.committed + produced,
+            accepted_at=stats.accepted_at + counted[:, None] * (acc[:, None] > jnp.arange(n)[None, :]),
+            iterations=stats.iterations + counted * iterations)
+        return tcache, ctx, last, buf, n_out, done, key, stats
+
+    init = (out.cache, ctx, first, buf, jnp.ones((batch,), jnp.int32), done, key, stats)
+    _, _, _, buf, n_out, done, _, stats = jax.lax.while_loop(lambda c: ~jnp.all(c[5]), step, init)
+    stopped = jnp.any(_is_stop(jnp.where(jnp.arange(buf.shape[1]) < n_out[:, None], buf, PAD), stop_ids), 1)
+    return buf, n_out, stopped, stats
+
+
+def check_compatible(models: SpecModels, decoder: str) -> None:
+    if decoder not in DECODERS:
+        raise InputError(f"unknown head {decoder!r}; choose one of {DECODERS}")
+    if decoder == "target":
+        return
+    if models.drafter is None:
+        raise InputError(f"head {decoder!r} needs a drafter")
+    models.drafter.cfg.check_target(models.target.cfg)
+    if decoder in ("markov", "gru", "xpress") and models.head is None:
+        raise InputError(f"head {decoder!r} was chosen but no {decoder} head was given")
+
+
+def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
+             max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
+             max_iters: int = 4, early_stop: bool = True, top_k: int = 0, max_len: int | None = None) -> Generation:
+    """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
+    temperature > 0 is speculative sampling, lossless in distribution."""
+    check_compatible(models, decoder)
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise InputError(f"temperature must be >= 0, got {temperature}")
+    ids, lengths = pad_prompts(prompts)
+    vocab = models.target.cfg.vocab_size
+    if ids.max() >= vocab or ids.min() < 0:
+        raise InputError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    block = 1 if decoder == "target" else models.drafter.cfg.block_size
+    need = int(lengths.max()) + max_new_tokens + block
+    max_len = max_len or need
+    if need > max_len:
+        raise InputError(f"the longest prompt has {int(lengths.max())} tokens; with max_new_tokens={max_new_tokens} "
+                         f"and a block of {block} it needs {need} cache slots but the cache holds {max_len}")
+    opts = DecodeOptions(decoder=decoder, max_new_tokens=max_new_tokens, greedy=temperature == 0,
+                         max_iters=max_iters, early_stop=early_stop, top_k=top_k, max_len=max_len)
+    graphdef, state = nnx.split(models)
+    buf, n_out, stopped, stats = _decode(graphdef, state, jnp.asarray(ids), jnp.asarray(lengths),
+                                         jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
+                                         jnp.float32(temperature if temperature > 0 else 1.0), opts)
+    buf, n_out = np.asarray(buf), np.asarray(n_out)
+    return Generation(tokens=[buf[i, :n_out[i]].tolist() for i in range(len(prompts))],
+                      stopped=[bool(s) for s in np.asarray(stopped)],
+                      stats={k: np.asarray(v) for k, v in dataclasses.asdict(stats).items()})
+
+
+def generate_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                    stop_ids: Sequence[int] = (), max_len: int | None = None) -> Generation:
+    """Target-only greedy decoding (the baseline), through the same loop."""
+    return generate(SpecModels(target), prompts, decoder="target", max_new_tokens=max_new_tokens,
+                    stop_ids=stop_ids, max_len=max_len)
