@@ -16,6 +16,10 @@ def get_config() -> ml_collections.ConfigDict:
         rope_theta=1_000_000.0, tie_word_embeddings=False, max_position_embeddings=40960)
     config.drafter = drafter_section(num_layers=5, target_layer_ids=(1, 9, 17, 25, 33), block_size=16)
     config.heads = heads_section(rank=256)
+    config.eval = ml_collections.ConfigDict({
+        "datasets": ("gsm8k",), "heads": ("dflash", "markov", "gru", "xpress"), "num_prompts": 80,
+        "max_new_tokens": 2048, "temperature": 0.0, "batch_size": 1, "seed": 0, "max_iters": 4, "early_stop": True,
+        "top_k": 0, "jacobi_k": (1, 2, 4, 8, 15), "out_dir": "runs/eval"})
     config.sample = ml_collections.ConfigDict(
         {"prompt": "Write a haiku about speculative decoding.", "max_new_tokens": 64, "max_len": 4096})
     return config

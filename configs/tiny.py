@@ -17,6 +17,10 @@ def get_config() -> ml_collections.ConfigDict:
         rope_theta=1_000_000.0, tie_word_embeddings=True, max_position_embeddings=4096)
     config.drafter = drafter_section(num_layers=2, target_layer_ids=(), block_size=16)
     config.heads = heads_section(rank=32, gru_hidden=32, proj_dim=32)
+    config.eval = ml_collections.ConfigDict({
+        "datasets": ("gsm8k",), "heads": ("dflash", "markov", "gru", "xpress"), "num_prompts": 4,
+        "max_new_tokens": 24, "temperature": 0.0, "batch_size": 1, "seed": 0, "max_iters": 4, "early_stop": True,
+        "top_k": 0, "jacobi_k": (1, 2, 4, 8, 15), "out_dir": "runs/eval"})
     config.sample = ml_collections.ConfigDict(
         {"prompt": "Write a haiku about speculative decoding.", "max_new_tokens": 32, "max_len": 512})
     return config

@@ -16,24 +16,12 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 from xpress_jax import cli
-from xpress_jax.config import dtype, target_config
+from xpress_jax.assemble import build_target
 from xpress_jax.decoding.speculative import generate_greedy
-from xpress_jax.models.qwen3 import Qwen3
 
 log = logging.getLogger("xpress_jax.sample")
-
-
-def build_target(config) -> Qwen3:
-    """The target of a config: loaded from `target.hf_dir`, or randomly initialised from `seed`."""
-    kw = dict(dtype=dtype(config.dtype), param_dtype=dtype(config.param_dtype))
-    if config.target.hf_dir:
-        from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
-        return load_qwen3(config.target.hf_dir, **kw)
-    log.info("no target.hf_dir: random initialisation (seed %d)", config.seed)
-    return Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **kw)
 
 
 def main(config):

@@ -73,14 +73,16 @@ class Generation:
         return float(self.stats["committed"].sum() / steps) if steps else float("nan")
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads prompts to one length: ids [batch, max_prompt], lengths [batch]. Refuses empty prompts."""
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads prompts to one length, rounded up to `multiple` (so one compiled program serves
+    many prompt lengths): ids [batch, padded], lengths [batch]. Refuses empty prompts."""
     if not prompts:
         raise InputError("no prompts given")
     lengths = np.array([len(p) for p in prompts], np.int32)
     if lengths.min() == 0:
         raise InputError(f"prompt {int(np.argmin(lengths))} is empty; every prompt needs at least one token")
-    ids = np.full((len(prompts), lengths.max()), pad_id, np.int32)
+    padded = -(-int(lengths.max()) // multiple) * multiple
+    ids = np.full((len(prompts), padded), pad_id, np.int32)
     for i, p in enumerate(prompts):
         ids[i, :len(p)] = p
     return ids, lengths
@@ -188,7 +190,8 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
 
 def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
-             max_iters: int = 4, early_stop: bool = True, top_k: int = 0, max_len: int | None = None) -> Generation:
+             max_iters: int = 4, early_stop: bool = True, top_k: int = 0, max_len: int | None = None,
+             pad_multiple: int = 1) -> Generation:
     """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
     temperature > 0 is speculative sampling, lossless in distribution."""
     check_compatible(models, decoder)
@@ -196,16 +199,17 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
         raise InputError(f"temperature must be >= 0, got {temperature}")
-    ids, lengths = pad_prompts(prompts)
+    ids, lengths = pad_prompts(prompts, multiple=pad_multiple)
     vocab = models.target.cfg.vocab_size
     if ids.max() >= vocab or ids.min() < 0:
         raise InputError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
     block = 1 if decoder == "target" else models.drafter.cfg.block_size
     need = int(lengths.max()) + max_new_tokens + block
-    max_len = max_len or need
+    max_len = max_len or ids.shape[1] + max_new_tokens + block
     if need > max_len:
         raise InputError(f"the longest prompt has {int(lengths.max())} tokens; with max_new_tokens={max_new_tokens} "
                          f"and a block of {block} it needs {need} cache slots but the cache holds {max_len}")
+    max_len = max(max_len, ids.shape[1])  # the padded prefill must fit too
     opts = DecodeOptions(decoder=decoder, max_new_tokens=max_new_tokens, greedy=temperature == 0,
                          max_iters=max_iters, early_stop=early_stop, top_k=top_k, max_len=max_len)
     graphdef, state = nnx.split(models)

@@ -1,0 +1,83 @@
+"""The eval command end to end on tiny models, the question sets, and head checkpoints."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from test_tools import last_json, run  # noqa: F401  (same subprocess helper)
+from xpress_jax.checkpoints.heads import load_head, save_head
+from xpress_jax.data.questions import BENCHMARKS, load_questions
+from xpress_jax.errors import CheckpointError, DataError
+from xpress_jax.models.heads import MarkovHead, XPressRefiner
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_benchmark_questions_load(name):
+    questions = load_questions(name, 5)
+    assert len(questions) == 5 and all(isinstance(q, str) and q for q in questions)
+
+
+def test_question_files_and_errors(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "a?"}\n\n{"conversations": [{"role": "user", "content": "b?"}]}\n')
+    assert load_questions(str(path)) == ["a?", "b?"]
+    with pytest.raises(DataError, match="does not exist"):
+        load_questions("nonexistent_benchmark")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no questions"):
+        load_questions(str(tmp_path / "empty.jsonl"))
+    (tmp_path / "bad.jsonl").write_text('{"answer": 1}\n')
+    with pytest.raises(DataError, match="bad.jsonl:1: no question"):
+        load_questions(str(tmp_path / "bad.jsonl"))
+
+
+def test_head_checkpoint_round_trip(tmp_path):
+    head = MarkovHead(vocab_size=20, rank=4, rngs=nnx.Rngs(0))
+    path = save_head(head, str(tmp_path), "markov")
+    from xpress_jax.checkpoints.safetensors_io import SafetensorsFile
+    assert sorted(SafetensorsFile(path).keys()) == ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+    back = load_head(nnx.eval_shape(lambda: MarkovHead(vocab_size=20, rank=4, rngs=nnx.Rngs(1))), str(tmp_path), "markov")
+    np.testing.assert_array_equal(np.asarray(back.markov_w1[...]), np.asarray(head.markov_w1[...]))
+    with pytest.raises(CheckpointError, match="no xpress head"):
+        load_head(nnx.eval_shape(lambda: XPressRefiner(vocab_size=20, hidden_size=8, num_positions=3, rank=4,
+                                                       rngs=nnx.Rngs(0))), str(tmp_path), "xpress")
+
+
+def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
+    """Random tiny drafter and heads saved as a checkpoint, evaluated with --check_lossless."""
+    from xpress_jax.assemble import build_models
+    from xpress_jax.checkpoints.hf_drafter import save_drafter
+    from xpress_jax.cli import DEFAULT_CONFIG, load_config
+    config = load_config(DEFAULT_CONFIG)
+    _, drafter, heads = build_models(config, "", ("markov", "xpress"))
+    ckpt = tmp_path / "ckpt"
+    save_drafter(drafter, str(ckpt), dtype=np.float32)
+    for name, head in heads.items():
+        save_head(head, str(ckpt), name)
+    out = tmp_path / "eval"
+    r = run("xpress_jax.eval", f"--checkpoint={ckpt}", "--heads=dflash,markov,xpress", "--datasets=gsm8k,mt_bench",
+            "--num_prompts=2", "--max_new_tokens=5", "--check_lossless", f"--out={out}",
+            "--config.eval.jacobi_k=(1, 3)", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert report["checkpoint"] == str(ckpt) and report["drafter_config"]["architectures"] == ["DFlashDraftModel"]
+    for ds in ("gsm8k", "mt_bench"):
+        for head in ("target", "dflash", "markov", "xpress"):
+            r_h = report["results"][ds][head]
+            assert r_h["n_prompts"] == 2 and r_h["new_tokens"] == 10 and r_h["tau"] >= 1.0
+            assert r_h["tokens_per_s"] > 0 and r_h["speedup"] > 0
+        assert len(report["results"][ds]["xpress"]["accept_per_position"]) == 15
+        assert report["results"][ds]["xpress"]["lossless"] is True
+        assert set(report["results"][ds]["xpress"]["time_split"]) == {"prefill_s", "draft_s", "refine_s", "verify_s"}
+        assert set(report["jacobi_sweep"][ds]) == {"1", "3"}
+    for name in ("results.md", "acceptance.png", "tau_vs_k.png"):
+        assert os.path.getsize(out / name) > 0
+
+
+def test_eval_cli_rejects_unknown_head(tmp_path):
+    r = run("xpress_jax.eval", "--heads=medusa", f"--out={tmp_path}")
+    assert r.returncode == 2 and "unknown heads ['medusa']" in r.stderr and "Traceback" not in r.stderr

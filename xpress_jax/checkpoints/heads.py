@@ -1,0 +1,52 @@
+"""Causal-head weights as safetensors, keyed by the module's own parameter paths.
+
+The Markov head's keys follow SpecForge's DSpark layout (`markov_head.markov_w1.weight`,
+`markov_head.markov_w2.weight`, both [vocab, rank]) so its checkpoints interchange with theirs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from flax import nnx
+
+from xpress_jax.checkpoints.hf_qwen3 import load_into, save_from
+from xpress_jax.checkpoints.keymap import KeyRule, dotted
+from xpress_jax.checkpoints.safetensors_io import SafetensorsDir, SafetensorsFile
+from xpress_jax.errors import CheckpointError
+
+_MARKOV = {"markov_w1": "markov_head.markov_w1.weight", "markov_w2": "markov_head.markov_w2.weight"}
+
+
+def head_rules(module: nnx.Module) -> list[KeyRule]:
+    paths = [dotted(p) for p, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))]
+    return [KeyRule(_MARKOV.get(p, p), p) for p in paths]
+
+
+def head_file(directory: str, name: str) -> str:
+    return os.path.join(directory, "heads", f"{name}.safetensors")
+
+
+def save_head(head: nnx.Module, directory: str, name: str, dtype=None) -> str:
+    path = head_file(directory, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp_dir = path + ".d"
+    save_from(head, head_rules(head), tmp_dir, dtype=dtype, max_shard_bytes=2**62)
+    os.replace(os.path.join(tmp_dir, "model.safetensors"), path)
+    os.rmdir(tmp_dir)
+    return path
+
+
+class _OneFile(SafetensorsDir):
+    def __init__(self, path: str):  # noqa: D401 - a SafetensorsDir over a single named file
+        f = SafetensorsFile(path)
+        self.directory = path
+        self._files = {path: f}
+        self._where = {k: f for k in f.keys()}
+
+
+def load_head(abstract: nnx.Module, directory: str, name: str, mesh=None) -> nnx.Module:
+    path = head_file(directory, name)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"no {name} head in the checkpoint: {path} is missing")
+    return load_into(abstract, head_rules(abstract), _OneFile(path), mesh=mesh)

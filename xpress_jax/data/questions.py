@@ -1,0 +1,56 @@
+"""Evaluation questions: the benchmark sets in ../shared/data, or any jsonl of questions."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+from xpress_jax.errors import DataError
+
+BENCHMARKS = ("gsm8k", "humaneval", "mt_bench", "alpaca")
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def data_root() -> str:
+    """$XPRESS_DATA, else ../shared/data beside the checkout."""
+    return os.environ.get("XPRESS_DATA", os.path.join(os.path.dirname(_REPO), "shared", "data"))
+
+
+def _first_question(record: dict, where: str) -> str:
+    """The first user turn: `turns[0]`, `question`, `prompt`, `instruction` or the first user message."""
+    if isinstance(record.get("turns"), list) and record["turns"]:
+        return record["turns"][0]
+    for key in ("question", "prompt", "instruction"):
+        if isinstance(record.get(key), str):
+            return record[key]
+    for turn in record.get("conversations", record.get("messages", [])) or []:
+        if turn.get("role", turn.get("from")) in ("user", "human"):
+            return turn.get("content", turn.get("value"))
+    raise DataError(f"{where}: no question found (expected turns, question, prompt, instruction or conversations)")
+
+
+def load_questions(name_or_path: str, limit: int | None = None) -> list[str]:
+    """First-turn questions of a benchmark name (spec_bench80 sets) or a .jsonl(.gz) path."""
+    if name_or_path in BENCHMARKS:
+        path = os.path.join(data_root(), "spec_bench80", f"{name_or_path}.jsonl")
+    else:
+        path = name_or_path
+    if not os.path.isfile(path):
+        hint = f" (benchmarks: {', '.join(BENCHMARKS)}; data root {data_root()})" if "/" not in name_or_path else ""
+        raise DataError(f"question file {path!r} does not exist{hint}")
+    opener = gzip.open if path.endswith(".gz") else open
+    questions = []
+    with opener(path, "rt") as f:
+        for i, line in enumerate(f):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{i + 1}: not JSON ({e})") from None
+                questions.append(_first_question(record, f"{path}:{i + 1}"))
+            if limit and len(questions) >= limit:
+                break
+    if not questions:
+        raise DataError(f"{path}: no questions")
+    return questions
