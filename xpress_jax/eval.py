@@ -7,8 +7,8 @@
 
 Writes OUT/results.json (schema in the README), OUT/results.md, OUT/acceptance.png and, with the
 xpress head, OUT/tau_vs_k.png. Speedup is tokens/s over target-only decoding of the same prompts
-in the same run. Without a tokenizer in the target directory, prompts are UTF-8 bytes used as
-token ids (smoke runs with random weights only).
+in the same run. Without a tokenizer in the target directory, prompts are byte-level
+(`data/byte_tokenizer.py`; smoke runs with random weights only).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from xpress_jax import cli, plots
 from xpress_jax.assemble import build_models, describe_checkpoint, spec_models
+from xpress_jax.config import target_config
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.profile import component_times
 from xpress_jax.decoding.speculative import DECODERS, generate
@@ -60,14 +61,13 @@ def settings(config) -> dict:
 
 
 def encode_prompts(config, questions: list[str]) -> tuple[list[list[int]], list[int], object]:
-    hf_dir = config.target.hf_dir
-    if hf_dir and os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json")):
-        from xpress_jax.data.chat import load_tokenizer, prompt_ids
-        tok = load_tokenizer(hf_dir)
-        stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-        return [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions], stops, tok
-    log.warning("no tokenizer in target.hf_dir: prompts are UTF-8 bytes as token ids (smoke run)")
-    return [list(q.encode("utf-8"))[:256] for q in questions], [], None
+    from xpress_jax.data.byte_tokenizer import ByteTokenizer, tokenizer_for
+    from xpress_jax.data.chat import prompt_ids
+    tok = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
+    if isinstance(tok, ByteTokenizer):
+        log.warning("no tokenizer in target.hf_dir: byte-level prompts (a smoke run with random weights)")
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    return [prompt_ids(tok, [{"role": "user", "content": q}])[:512] for q in questions], stops, tok
 
 
 def run_decoder(models, prompts, name, e, pad, desc):

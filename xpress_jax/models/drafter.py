@@ -193,25 +193,28 @@ class DFlashDrafter(nnx.Module):
             x = layer.mlp_block(x)
         return self.norm(x)
 
-    def train_blocks(self, taps: jax.Array, block_embeds: jax.Array, anchors: jax.Array,
-                     anchor_valid: jax.Array | None = None) -> jax.Array:
+    def training_context(self, taps: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
+        """Per-layer context keys/values of a whole sequence (taps [batch, seq, n, hidden]),
+        computed once and shared by every anchored block."""
+        batch, seq = taps.shape[:2]
+        positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+        return self.context_kv(self.fuse(taps), positions)
+
+    def anchored_blocks(self, ctx_kv, block_embeds: jax.Array, anchors: jax.Array,
+                        anchor_valid: jax.Array | None = None) -> jax.Array:
         """Training: many anchored blocks of each sequence in one pass (block-sparse attention).
 
-        taps: [batch, seq, n_taps, hidden] target features of the whole sequence;
-        block_embeds: [batch, A, B, hidden] embeddings of [token at anchor, MASK, ...];
-        anchors: [batch, A] anchor positions p; block a sits at positions p..p+B-1.
-        A block's queries see context keys at positions < p (strictly) and their own block,
-        never another block. Returns hidden states [batch, A, B, hidden].
+        ctx_kv: from training_context; block_embeds: [batch, A, B, hidden] embeddings of
+        [token at anchor, MASK, ...]; anchors: [batch, A] anchor positions p (block a sits at
+        p..p+B-1). A block's queries see context keys at positions < p (strictly) and their own
+        block, never another block. Returns hidden states [batch, A, B, hidden].
         """
-        batch, seq = taps.shape[:2]
-        _, n_anchors, block, hidden = block_embeds.shape
-        ctx_pos = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-        ctx_kv = self.context_kv(self.fuse(taps), ctx_pos)
-        blk_pos = anchors[:, :, None] + jnp.arange(block, dtype=jnp.int32)  # [batch, A, B]
-        ctx_visible = ctx_pos[:, None, :] < anchors[:, :, None]  # [batch, A, seq]
+        batch, n_anchors, block, hidden = block_embeds.shape
+        seq = ctx_kv[0][0].shape[1]
+        ctx_visible = jnp.arange(seq, dtype=jnp.int32)[None, None, :] < anchors[:, :, None]  # [batch, A, seq]
         if anchor_valid is not None:  # padding anchors see only their own block
             ctx_visible &= anchor_valid[:, :, None]
-        flat_pos = blk_pos.reshape(batch, n_anchors * block)
+        flat_pos = (anchors[:, :, None] + jnp.arange(block, dtype=jnp.int32)).reshape(batch, n_anchors * block)
         x = block_embeds.reshape(batch, n_anchors * block, hidden).astype(self.dtype)
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
             h = layer.input_layernorm(x)
@@ -221,6 +224,11 @@ class DFlashDrafter(nnx.Module):
             x = x + layer.self_attn.output(attn)
             x = layer.mlp_block(x)
         return self.norm(x).reshape(batch, n_anchors, block, hidden)
+
+    def train_blocks(self, taps: jax.Array, block_embeds: jax.Array, anchors: jax.Array,
+                     anchor_valid: jax.Array | None = None) -> jax.Array:
+        """training_context + anchored_blocks in one call: [batch, A, B, hidden]."""
+        return self.anchored_blocks(self.training_context(taps), block_embeds, anchors, anchor_valid)
 
 
 def _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, n_anchors):

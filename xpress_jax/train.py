@@ -1,0 +1,42 @@
+"""Train a DFlash drafter and its causal heads against a frozen Qwen3 target.
+
+    python -m xpress_jax.train                                      # tiny CPU run on GSM8K (minutes)
+    python -m xpress_jax.train --config=configs/qwen3_8b.py --config.target.hf_dir=/ckpt/Qwen3-8B \
+        --config.data.train_files="('/data/regenerated.jsonl',)" --config.train.out_dir=/runs/q8b
+    python -m xpress_jax.train --config=configs/qwen3_8b.py --dry_run   # memory per device, no weights
+
+An interrupted run resumes from its latest checkpoint in train.out_dir. SIGTERM saves and exits.
+"""
+
+import os
+import sys
+
+# --dry_run compiles on fake CPU devices; they must exist before jax is imported.
+if "--dry_run" in sys.argv and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    _n = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--dry_run_devices=")), "8")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_n}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import json  # noqa: E402
+
+from absl import flags  # noqa: E402
+
+from xpress_jax import cli  # noqa: E402
+
+flags.DEFINE_bool("dry_run", False, "Compile the train step on abstract arrays and print per-device memory.")
+flags.DEFINE_integer("dry_run_devices", 8, "Fake CPU devices for --dry_run (the mesh of the config must fit).")
+FLAGS = flags.FLAGS
+
+
+def main(config):
+    from xpress_jax.training.trainer import dry_run, train
+    if FLAGS.dry_run:
+        print(json.dumps(dry_run(config)))
+        return
+    result = train(config)
+    print(json.dumps({"step": result["step"], **{k: v for k, v in result["metrics"].items()
+                                                 if not isinstance(v, list)}}))
+
+
+if __name__ == "__main__":
+    cli.run(main)

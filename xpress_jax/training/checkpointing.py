@@ -1,0 +1,70 @@
+"""Orbax checkpoints of the train state plus the data iterator's state.
+
+Saves are asynchronous, every `save_every` steps, keeping the last `keep`. Orbax writes each
+step into a temporary directory and renames it when complete, so a save cut off mid-write is
+never listed as the latest step. Restore takes abstract arrays with the *current* mesh's
+shardings, so a run can resume on a different mesh.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from xpress_jax.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    def __init__(self, directory: str, *, save_every: int, keep: int, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=save_every,
+                                               enable_async_checkpointing=async_save, create=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state, data_state: dict, *, force: bool = False) -> bool:
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+        return self.manager.save(step, args=args, force=force)
+
+    def _check_shapes(self, step: int, abstract_state) -> None:
+        """A clear error for a checkpoint of another model shape (rather than one from deep inside)."""
+        saved = self.manager.item_metadata(step)["state"]
+        want = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_state)}
+        have = {jax.tree_util.keystr(p): tuple(getattr(x, "shape", ()))
+                for p, x in jax.tree_util.tree_leaves_with_path(saved)}
+        missing = sorted(set(want) - set(have))
+        extra = sorted(set(have) - set(want))
+        wrong = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+        if missing or extra or wrong:
+            detail = [f"{k}: checkpoint {have[k]} vs model {want[k]}" for k in wrong[:5]]
+            raise CheckpointError(
+                f"checkpoint {self.directory} step {step} does not match this model: "
+                f"{len(wrong)} shape mismatches {detail}, missing {missing[:5]}, unexpected {extra[:5]}")
+
+    def restore(self, step: int, abstract_state):
+        self._check_shapes(step, abstract_state)
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+        restored = self.manager.restore(step, args=args)
+        log.info("restored step %d from %s", step, self.directory)
+        return restored["state"], restored["data"]
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def tree_equal(a, b) -> bool:
+    """Bitwise equality of two pytrees of arrays."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))

@@ -1,0 +1,78 @@
+"""Training losses: DFlash's weighted CE, XPress's CE + TV on three distributions, D-Loop's
+complementary prefix-suffix objective. Each returns (weighted sum, weight sum) so chunks of
+anchors can be accumulated and normalised once.
+
+    w_k = exp(-(k - 1) / gamma)                        k = 1..n (slot k predicts token p + k)
+    L(p) = sum_k w_k [CE(p_k, x*_k) + TV(p_k, p^t_k)] / sum_k w_k,    TV = 0.5 ||p - p^t||_1
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def position_weights(n: int, gamma: float) -> jax.Array:
+    """w_k for k = 1..n: [n]."""
+    return jnp.exp(-jnp.arange(n, dtype=jnp.float32) / gamma)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """-log softmax(logits)[label]: logits [..., vocab], labels [...] -> [...] float32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+
+
+def total_variation(logits: jax.Array, target_probs: jax.Array) -> jax.Array:
+    """0.5 * ||softmax(logits) - p^t||_1 over the vocabulary -> [...]."""
+    p = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    return 0.5 * jnp.sum(jnp.abs(p - target_probs), axis=-1)
+
+
+def weighted(values: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum w * v, sum w) over everything."""
+    return jnp.sum(values * weights), jnp.sum(weights)
+
+
+def ce_tv_terms(logits, labels, target_probs, weights, tv_weight: float):
+    """L(p)'s numerator and denominator: sum_k w_k [CE + tv_weight * TV], sum_k w_k."""
+    value = cross_entropy(logits, labels)
+    if tv_weight:
+        value = value + tv_weight * total_variation(logits, target_probs)
+    return weighted(value, weights)
+
+
+def prefix_length_logits(m: int, beta: float) -> jax.Array:
+    """log pi_beta(l) for l = 0..m-1, pi_beta(l) = (1 - beta) beta^l / (1 - beta^m) (D-Loop eq. 6)."""
+    ell = jnp.arange(m, dtype=jnp.float32)
+    return jnp.log(1 - beta) + ell * jnp.log(beta) - jnp.log(1 - beta**m)
+
+
+def sample_prefix_lengths(key: jax.Array, shape, m: int, beta: float) -> jax.Array:
+    return jax.random.categorical(key, prefix_length_logits(m, beta), shape=shape).astype(jnp.int32)
+
+
+def dloop_weights(prefix_len: jax.Array, label_mask_suffix: jax.Array, label_mask_prefix: jax.Array,
+                  gamma: float, tau_s: float) -> tuple[jax.Array, jax.Array]:
+    """Suffix-view and prefix-view weights [batch, A, m] (D-Loop eq. 7 and 13).
+
+    Suffix view (anchor a, prefix of length l revealed): w^S_k = v 1{k > l} exp(-(k - l - 1) / tau_s).
+    Prefix view: anchor only; w^P_k = v 1{k <= l} exp(-(k - 1) / gamma) when l >= 2, otherwise a full
+    anchor-only block at the cyclically previous anchor, w^P_k = v exp(-(k - 1) / gamma).
+    """
+    m = label_mask_suffix.shape[-1]
+    k = jnp.arange(1, m + 1, dtype=jnp.int32)[None, None, :]
+    ell = prefix_len[:, :, None]
+    w_s = jnp.where(k > ell, jnp.exp(-(k - ell - 1).astype(jnp.float32) / tau_s), 0.0) * label_mask_suffix
+    decay = jnp.exp(-(k - 1).astype(jnp.float32) / gamma)
+    w_p = jnp.where(ell >= 2, jnp.where(k <= ell, decay, 0.0), decay) * label_mask_prefix
+    return w_s, w_p
+
+
+def simulated_acceptance(correct: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced acceptance: per block the run of correct predictions from k = 1 (an invalid
+    position ends the run). correct, mask: [batch, A, n]. Returns (sum of acc + 1 over valid
+    blocks, number of valid blocks)."""
+    run = jnp.cumprod((correct & mask).astype(jnp.int32), axis=-1).sum(-1)
+    blocks = mask[..., 0]
+    return jnp.sum((run + 1) * blocks), jnp.sum(blocks)

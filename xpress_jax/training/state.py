@@ -1,0 +1,87 @@
+"""What trains and how: the trainable bundle (drafter + heads), flat parameter dicts, the
+optimizer (AdamW, warmup + cosine, clipping, frozen parts), and shardings by logical axes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from xpress_jax import sharding
+from xpress_jax.checkpoints.keymap import dotted, path_tuple
+from xpress_jax.errors import ConfigError
+
+TRAINABLE_CHOICES = ("drafter", "heads", "all")
+
+
+class Trainable(nnx.Module):
+    """The drafter and the causal heads being trained (the target is separate and frozen)."""
+
+    def __init__(self, drafter, heads: dict):
+        self.drafter = drafter
+        self.xpress = heads.get("xpress")
+        self.markov = heads.get("markov")
+        self.gru = heads.get("gru")
+
+    def head_names(self) -> tuple[str, ...]:
+        return tuple(n for n in ("xpress", "markov", "gru") if getattr(self, n) is not None)
+
+
+def flat_params(module: nnx.Module) -> dict[str, jax.Array]:
+    """{'drafter.layers.0.self_attn.q_proj': array, ...}: plain dicts checkpoint and shard simply."""
+    return {dotted(p): v.get_value() for p, v in nnx.to_flat_state(nnx.state(module, nnx.Param))}
+
+
+def flat_axes(module: nnx.Module) -> dict[str, tuple]:
+    return {dotted(p): tuple(v.get_metadata().get("axes", ())) for p, v in nnx.to_flat_state(nnx.state(module, nnx.Param))}
+
+
+def merge(graphdef, params: dict[str, jax.Array]) -> nnx.Module:
+    return nnx.merge(graphdef, nnx.from_flat_state({path_tuple(k): nnx.Param(v) for k, v in params.items()}))
+
+
+def split_params(module: nnx.Module):
+    graphdef, _ = nnx.split(module, nnx.Param)
+    return graphdef, flat_params(module)
+
+
+def trainable_labels(params: dict, trainable: str) -> dict[str, str]:
+    if trainable not in TRAINABLE_CHOICES:
+        raise ConfigError(f"train.trainable must be one of {TRAINABLE_CHOICES}, got {trainable!r}")
+    def label(key):
+        is_drafter = key.startswith("drafter.")
+        train = trainable == "all" or (trainable == "drafter") == is_drafter
+        return "train" if train else "freeze"
+    return {k: label(k) for k in params}
+
+
+def make_schedule(train_cfg, total_steps: int):
+    warmup = max(1, int(train_cfg.warmup_fraction * total_steps))
+    return optax.warmup_cosine_decay_schedule(0.0, train_cfg.lr, warmup, max(total_steps, warmup + 1),
+                                              end_value=train_cfg.lr * train_cfg.final_lr_fraction)
+
+
+def make_optimizer(train_cfg, total_steps: int, params: dict):
+    """AdamW (weight decay as configured; DFlash uses 0) with global-norm clipping; frozen parts get no update."""
+    adamw = optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip),
+                        optax.adamw(make_schedule(train_cfg, total_steps), b1=train_cfg.b1, b2=train_cfg.b2,
+                                    weight_decay=train_cfg.weight_decay))
+    return optax.multi_transform({"train": adamw, "freeze": optax.set_to_zero()},
+                                 trainable_labels(params, train_cfg.trainable))
+
+
+def param_shardings(axes: dict[str, tuple], shapes: dict[str, tuple], mesh, rules=None) -> dict:
+    return {k: sharding.named_sharding(axes[k], shapes[k], mesh, rules) for k in axes}
+
+
+def opt_state_shardings(tx, abstract_opt, param_sharding: dict, mesh):
+    """Optimizer moments follow their parameters; scalars (counts) are replicated."""
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sharding,
+                                 transform_non_params=lambda _: replicated)
+
+
+def init_state(params: dict, tx, seed: int) -> dict:
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+            "key": jax.random.key_data(jax.random.key(seed)), "bad_steps": jnp.zeros((), jnp.int32)}

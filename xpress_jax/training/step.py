@@ -1,0 +1,185 @@
+"""The pure train step: one frozen target forward per batch (context features and p^t), anchored
+blocks through the drafter in chunks (rematerialised), every configured loss, one AdamW update.
+A non-finite loss or gradient leaves parameters and optimizer state untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from xpress_jax.models.drafter import block_inputs
+from xpress_jax.training import losses
+from xpress_jax.training.anchors import Blocks, make_blocks, sample_anchors, target_positions
+from xpress_jax.training.state import merge
+
+EPS = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    gamma: float = 7.0
+    num_anchors: int = 512
+    anchor_chunk: int = 64
+    dflash_ce: float = 1.0
+    tv: float = 1.0  # weight of TV next to CE in XPress / head losses
+    xpress_teacher_forced: float = 1.0
+    xpress_anchor: float = 1.0
+    xpress_consistency: float = 1.0
+    markov: float = 1.0
+    gru: float = 1.0
+    dloop: float = 0.0  # > 0: D-Loop's complementary objective replaces the DFlash CE
+    dloop_beta: float = 0.8
+    dloop_tau_s: float = 7.0
+    remat: bool = True
+
+    @classmethod
+    def from_config(cls, loss_cfg, num_anchors: int, anchor_chunk: int, remat: bool) -> "LossSettings":
+        return cls(num_anchors=num_anchors, anchor_chunk=anchor_chunk, remat=remat, **loss_cfg.to_dict())
+
+
+def _chunk(x, n_chunks):
+    """[batch, A, ...] -> [n_chunks, batch, A / n_chunks, ...] (scan over the first axis)."""
+    b, a = x.shape[:2]
+    return jnp.moveaxis(x.reshape((b, n_chunks, a // n_chunks) + x.shape[2:]), 1, 0)
+
+
+def _pad_anchors(anchors, valid, multiple):
+    extra = -anchors.shape[1] % multiple
+    return jnp.pad(anchors, ((0, 0), (0, extra))), jnp.pad(valid, ((0, 0), (0, extra)))
+
+
+def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
+    """Returns (total loss, metrics). ids, loss_mask: [batch, T]."""
+    drafter = model.drafter
+    cfg = drafter.cfg
+    block, n = cfg.block_size, cfg.block_size - 1
+    batch, seq = ids.shape
+    feat = tuple(cfg.target_layer_ids)
+    out = target(ids, tap_layers=feat + (target.cfg.num_hidden_layers - 1,), return_logits=False)
+    taps = jax.lax.stop_gradient(out.taps[:, :, :len(feat)])  # [batch, T, n_feat, hidden]
+    final_h = jax.lax.stop_gradient(out.taps[:, :, -1])  # [batch, T, hidden] normed: the target's logits input
+    ctx_kv = drafter.training_context(taps)
+
+    k_anchor, k_prefix = jax.random.split(key)
+    anchors, valid = sample_anchors(k_anchor, loss_mask, s.num_anchors)
+    chunk = min(s.anchor_chunk, anchors.shape[1])
+    anchors, valid = _pad_anchors(anchors, valid, chunk)
+    n_chunks = anchors.shape[1] // chunk
+    blocks = make_blocks(ids, loss_mask, anchors, valid, block)
+    dloop = s.dloop > 0
+    if dloop:  # D-Loop: prefix length per block; short prefixes fall back to the previous anchor
+        prefix_len = losses.sample_prefix_lengths(k_prefix, anchors.shape, n, s.dloop_beta)
+        p_anchors = jnp.where(prefix_len >= 2, anchors, jnp.roll(anchors, 1, axis=1))
+        p_valid = jnp.where(prefix_len >= 2, valid, jnp.roll(valid, 1, axis=1))
+        p_blocks = make_blocks(ids, loss_mask, p_anchors, p_valid, block)
+    else:
+        prefix_len, p_blocks = jnp.zeros_like(anchors), blocks
+    w = losses.position_weights(n, s.gamma)  # [n]
+    heads = model.head_names()
+    need_target_probs = s.tv > 0 and bool(heads)
+
+    def run_view(b: Blocks, reveal=None):
+        tokens = block_inputs(b.anchor_tokens, block, cfg.mask_token_id)  # [batch, C, B]
+        if reveal is not None:  # suffix view: the ground-truth prefix of length l is visible
+            k = jnp.arange(1, block)[None, None, :]
+            tokens = tokens.at[:, :, 1:].set(jnp.where(k <= reveal[:, :, None], b.labels, cfg.mask_token_id))
+        h = drafter.anchored_blocks(ctx_kv, target.embed(tokens), b.anchors, b.valid)[:, :, 1:]  # [b, C, n, H]
+        c = h.shape[1]
+        s_logits = target.logits(h.reshape(batch, c * n, -1)).reshape(batch, c, n, -1)  # [b, C, n, vocab]
+        return h, s_logits
+
+    def chunk_loss(xs):
+        b, pb, ell = xs
+        c = b.anchors.shape[1]
+        sums = {}
+        h, s_logits = run_view(pb)  # the anchor-only pass (at the prefix-view anchors under D-Loop)
+        weights = w * b.label_mask
+        correct = jnp.argmax(s_logits, -1) == pb.labels
+        if dloop:
+            w_s, w_p = losses.dloop_weights(ell, b.label_mask, pb.label_mask, s.gamma, s.dloop_tau_s)
+            num_p, den_p = losses.weighted(losses.cross_entropy(s_logits, pb.labels), w_p)
+            _, s_suffix = run_view(b, reveal=ell)
+            num_s, den_s = losses.weighted(losses.cross_entropy(s_suffix, b.labels), w_s)
+            sums["dloop"] = (num_p + num_s, den_p + den_s)
+        else:
+            sums["dflash_ce"] = losses.weighted(losses.cross_entropy(s_logits, b.labels), weights)
+        mask = pb.label_mask
+        sums["acc_pos"] = (jnp.sum(correct & mask, axis=(0, 1)).astype(jnp.float32), jnp.sum(mask, axis=(0, 1)))
+        sums["sim_tau_drafter"] = losses.simulated_acceptance(correct, mask)
+        if heads:
+            p_t = None
+            if need_target_probs:
+                pos = target_positions(b.anchors, block, seq)  # [b, C, n]
+                h_t = jnp.take_along_axis(final_h[:, None], pos[..., None], axis=2)  # [b, C, n, H]
+                p_t = jax.nn.softmax(target.logits(h_t.reshape(batch, c * n, -1)), -1).reshape(s_logits.shape)
+                p_t = jax.lax.stop_gradient(p_t)
+            flat = lambda x: x.reshape((batch * c,) + x.shape[2:])  # noqa: E731  heads take [batch, n, ...]
+            s_f, h_f, labels_f = flat(s_logits), flat(h), flat(b.labels)
+            p_f = None if p_t is None else flat(p_t)
+            w_f = flat(weights)
+            prev_gt = jnp.concatenate([flat(b.anchor_tokens[..., None]), labels_f[:, :-1]], axis=1)  # x_{k-1}
+            for name in heads:
+                head = getattr(model, name)
+                l_tf = head(s_f, h_f, prev_gt, target.embed)
+                if name == "xpress":
+                    sums["xpress_teacher_forced"] = losses.ce_tv_terms(l_tf, labels_f, p_f, w_f, s.tv)
+                    sums["xpress_anchor"] = losses.ce_tv_terms(s_f, labels_f, p_f, w_f, s.tv)
+                    guess = jax.lax.stop_gradient(jnp.argmax(s_f, -1).astype(jnp.int32))
+                    prev_hat = jnp.concatenate([prev_gt[:, :1], guess[:, :-1]], axis=1)
+                    l_c = head(s_f, h_f, prev_hat, target.embed)
+                    sums["xpress_consistency"] = losses.ce_tv_terms(l_c, labels_f, p_f, w_f, s.tv)
+                    sums["sim_tau_xpress"] = losses.simulated_acceptance(
+                        (jnp.argmax(l_c, -1) == labels_f)[None], flat(b.label_mask)[None])
+                else:
+                    sums[name] = losses.ce_tv_terms(l_tf, labels_f, p_f, w_f, s.tv)
+        return sums
+
+    body = jax.checkpoint(chunk_loss) if s.remat else chunk_loss
+    xs = (jax.tree.map(lambda x: _chunk(x, n_chunks), blocks), jax.tree.map(lambda x: _chunk(x, n_chunks), p_blocks),
+          _chunk(prefix_len, n_chunks))
+    probe = jax.eval_shape(body, jax.tree.map(lambda x: x[0], xs))
+    zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), probe)
+    totals, _ = jax.lax.scan(lambda acc, x: (jax.tree.map(jnp.add, acc, body(x)), None), zeros, xs)
+
+    # losses normalise as D-Loop's eq. 8 (+ eps); metrics by their plain counts
+    terms = {k: num / (den + EPS) if not k.startswith("sim_tau") else num / jnp.maximum(den, 1.0)
+             for k, (num, den) in totals.items() if k != "acc_pos"}
+    weights = {"dflash_ce": s.dflash_ce, "dloop": s.dloop, "xpress_teacher_forced": s.xpress_teacher_forced,
+               "xpress_anchor": s.xpress_anchor, "xpress_consistency": s.xpress_consistency,
+               "markov": s.markov, "gru": s.gru}
+    total = sum(weights[k] * v for k, v in terms.items() if k in weights)
+    metrics = {f"loss/{k}": v for k, v in terms.items() if k in weights}
+    metrics.update({k: v for k, v in terms.items() if k.startswith("sim_tau")})
+    num, den = totals["acc_pos"]
+    metrics["draft_accuracy"] = num / jnp.maximum(den, 1.0)  # [n] per position
+    metrics["blocks"] = totals["sim_tau_drafter"][1]
+    return total, metrics
+
+
+def make_train_step(graphdef, target_graphdef, tx, schedule, settings: LossSettings):
+    """step(state, target_params, batch) -> (state, metrics); jit it with shardings and donation."""
+
+    def step(state, target_params, batch):
+        key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])  # resume-exact
+
+        def loss_fn(params):
+            model = merge(graphdef, params)
+            target = merge(target_graphdef, target_params)
+            return compute_loss(model, target, batch["ids"], batch["loss_mask"], key, settings)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        new_state = {"step": state["step"] + 1, "params": keep(params, state["params"]),
+                     "opt_state": keep(opt_state, state["opt_state"]), "key": state["key"],
+                     "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1)}
+        metrics.update(loss=loss, grad_norm=grad_norm, lr=schedule(state["step"]), finite=finite)
+        return new_state, metrics
+
+    return step

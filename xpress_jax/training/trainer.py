@@ -1,0 +1,291 @@
+"""One readable training flow: mesh -> data -> models -> sharded state -> jitted step ->
+checkpoints and logs. `train(config)` is what `python -m xpress_jax.train` runs; `dry_run(config)`
+compiles the step on abstract arrays and reports per-device memory."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+from tqdm import tqdm
+
+from xpress_jax import sharding
+from xpress_jax.config import drafter_config, dtype, head_kwargs, target_config
+from xpress_jax.errors import ConfigError, XpressError
+from xpress_jax.models.drafter import DFlashDrafter
+from xpress_jax.models.heads import HEADS
+from xpress_jax.models.qwen3 import Qwen3
+from xpress_jax.training import state as st
+from xpress_jax.training.checkpointing import Checkpointer
+from xpress_jax.training.step import LossSettings, make_train_step
+
+log = logging.getLogger("xpress_jax.train")
+
+
+class TrainingStopped(XpressError):
+    """Training stopped on purpose (repeated non-finite steps); the last good checkpoint is intact."""
+
+
+def maybe_initialize_distributed(config) -> None:
+    """Multi-host: jax.distributed from XPRESS_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, or the
+    cluster's own environment (TPU pods, SLURM) when train.distributed is set."""
+    if os.environ.get("XPRESS_COORDINATOR"):
+        if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=os.environ["XPRESS_COORDINATOR"],
+                                   num_processes=int(os.environ["XPRESS_NUM_PROCESSES"]),
+                                   process_id=int(os.environ["XPRESS_PROCESS_ID"]))
+    elif config.train.distributed:
+        jax.distributed.initialize()
+
+
+def loss_settings(config) -> LossSettings:
+    t = config.train
+    s = LossSettings.from_config(t.loss, t.num_anchors, t.anchor_chunk, t.remat)
+    if s.dloop > 0 and tuple(t.heads):
+        raise ConfigError("D-Loop trains the drafter alone: set train.heads=() with train.loss.dloop > 0")
+    return s
+
+
+def build_trainable(config, target_cfg, *, abstract: bool = False) -> st.Trainable:
+    kw = dict(dtype=dtype(config.dtype), param_dtype=dtype(config.param_dtype))
+    dcfg = drafter_config(config, target_cfg)
+    unknown = [h for h in config.train.heads if h not in HEADS]
+    if unknown:
+        raise ConfigError(f"unknown heads {unknown} in train.heads; choose from {sorted(HEADS)}")
+
+    def make():
+        drafter = DFlashDrafter(dcfg, rngs=nnx.Rngs(config.seed + 1), **kw)
+        heads = {h: HEADS[h](rngs=nnx.Rngs(config.seed + 2), **head_kwargs(h, config, dcfg), **kw)
+                 for h in config.train.heads}
+        return st.Trainable(drafter, heads)
+    return nnx.eval_shape(make) if abstract else make()
+
+
+def build_frozen_target(config, mesh, *, abstract: bool = False) -> Qwen3:
+    kw = dict(dtype=dtype(config.dtype), param_dtype=dtype(config.target_param_dtype))
+    if config.target.hf_dir and not abstract:
+        from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
+        return load_qwen3(config.target.hf_dir, mesh=mesh, **kw)
+    make = lambda: Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **kw)  # noqa: E731
+    return nnx.eval_shape(make) if abstract else make()
+
+
+def place(params: dict, axes: dict, mesh) -> tuple[dict, dict]:
+    shardings = st.param_shardings(axes, {k: v.shape for k, v in params.items()}, mesh)
+    if isinstance(next(iter(params.values())), jax.ShapeDtypeStruct):
+        placed = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in params.items()}
+    else:
+        placed = {k: jax.device_put(v, shardings[k]) for k, v in params.items()}
+    return placed, shardings
+
+
+def total_steps(config, num_records: int | None) -> int:
+    t = config.train
+    if t.steps > 0:
+        return t.steps
+    if not num_records:
+        raise ConfigError("train.steps is 0 and the data size is unknown: set train.steps")
+    return max(1, math.ceil(t.epochs * num_records / t.batch_size))
+
+
+class Setup:
+    """Everything the loop needs, built once (shared by train and dry_run)."""
+
+    def __init__(self, config, *, abstract: bool, num_records: int | None = None):
+        self.config = config
+        self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
+        target = build_frozen_target(config, self.mesh, abstract=abstract)
+        trainable = build_trainable(config, target.cfg, abstract=abstract)
+        trainable.drafter.cfg.check_target(target.cfg)
+        self.drafter_cfg = trainable.drafter.cfg
+        self.graphdef, params = st.split_params(trainable)
+        self.target_graphdef, target_params = st.split_params(target)
+        self.params, self.param_sharding = place(params, st.flat_axes(trainable), self.mesh)
+        self.target_params, self.target_sharding = place(target_params, st.flat_axes(target), self.mesh)
+        self.steps = total_steps(config, num_records)
+        self.schedule = st.make_schedule(config.train, self.steps)
+        self.tx = st.make_optimizer(config.train, self.steps, self.params)
+        replicated = NamedSharding(self.mesh, P())
+        abstract_state = jax.eval_shape(lambda p: st.init_state(p, self.tx, config.seed), self.params)
+        self.state_sharding = {
+            "step": replicated, "params": self.param_sharding, "key": replicated, "bad_steps": replicated,
+            "opt_state": st.opt_state_shardings(self.tx, abstract_state["opt_state"], self.param_sharding, self.mesh)}
+        self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                           abstract_state, self.state_sharding)
+        self.batch_sharding = NamedSharding(self.mesh, sharding.logical_to_spec(
+            ("batch", None), (config.train.batch_size, 1), self.mesh))
+        step = make_train_step(self.graphdef, self.target_graphdef, self.tx, self.schedule, loss_settings(config))
+        self.step = jax.jit(step, in_shardings=(self.state_sharding, self.target_sharding, self.batch_sharding),
+                            out_shardings=(self.state_sharding, None), donate_argnums=(0,))
+
+    def init_state(self):
+        return jax.jit(lambda p: st.init_state(p, self.tx, self.config.seed), out_shardings=self.state_sharding)(
+            self.params)
+
+    def abstract_batch(self):
+        shape = (self.config.train.batch_size, self.config.data.max_len)
+        return {"ids": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self.batch_sharding),
+                "loss_mask": jax.ShapeDtypeStruct(shape, jnp.bool_, sharding=self.batch_sharding)}
+
+    def global_batch(self, local: dict) -> dict:
+        t = self.config.train
+        shape = (t.batch_size, self.config.data.max_len)
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v), shape)
+                for k, v in local.items()}
+
+
+def dry_run(config) -> dict:
+    """Compiles the train step on abstract arrays (no weights, no data) and reports memory per device."""
+    setup = Setup(config, abstract=True)
+    compiled = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch()).compile()
+    mem = compiled.memory_analysis()
+    gib = lambda b: round(b / 2**30, 3)  # noqa: E731
+    report = {"devices": int(np.prod(config.mesh.shape)) if -1 not in tuple(config.mesh.shape) else jax.device_count(),
+              "mesh": dict(setup.mesh.shape), "batch_size": config.train.batch_size, "max_len": config.data.max_len,
+              "trainable_params": int(sum(math.prod(v.shape) for v in setup.params.values())),
+              "target_params": int(sum(math.prod(v.shape) for v in setup.target_params.values()))}
+    if mem is not None:
+        report.update(argument_gib=gib(mem.argument_size_in_bytes), output_gib=gib(mem.output_size_in_bytes),
+                      alias_gib=gib(mem.alias_size_in_bytes), temp_gib=gib(mem.temp_size_in_bytes),
+                      peak_gib=gib(mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                   - mem.alias_size_in_bytes + mem.temp_size_in_bytes))
+    return report
+
+
+class _Logger:
+    """JSONL + TensorBoard (process 0 only)."""
+
+    def __init__(self, out_dir: str):
+        self.enabled = jax.process_index() == 0
+        if not self.enabled:
+            return
+        os.makedirs(out_dir, exist_ok=True)
+        self.jsonl = open(os.path.join(out_dir, "log.jsonl"), "a")
+        from tensorboardX import SummaryWriter
+        self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
+
+    def write(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.jsonl.flush()
+        for k, v in metrics.items():
+            if isinstance(v, list):
+                for i, x in enumerate(v):
+                    self.tb.add_scalar(f"{k}/{i + 1}", x, step)
+            elif isinstance(v, (int, float)):
+                self.tb.add_scalar(k, v, step)
+        self.tb.flush()
+
+    def close(self):
+        if self.enabled:
+            self.jsonl.close()
+            self.tb.close()
+
+
+def _to_python(metrics: dict) -> dict:
+    out = {}
+    for k, v in jax.device_get(metrics).items():
+        v = np.asarray(v)
+        out[k] = v.round(5).tolist() if v.ndim else (bool(v) if v.dtype == bool else round(float(v), 6))
+    return out
+
+
+def train(config, *, stop_after: int | None = None) -> dict:
+    """Trains until train.steps (or `stop_after` steps in this call); resumes from the latest checkpoint."""
+    from xpress_jax.data.byte_tokenizer import pad_id, tokenizer_for
+    from xpress_jax.data.dataset import make_dataset, read_records
+
+    maybe_initialize_distributed(config)
+    out_dir = config.train.out_dir
+    records = read_records(list(config.data.train_files))
+    setup = Setup(config, abstract=False, num_records=len(records))
+    tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, setup.drafter_cfg.vocab_size)
+    pad = pad_id(tokenizer)
+    t = config.train
+    if t.batch_size % jax.process_count():
+        raise ConfigError(f"train.batch_size {t.batch_size} is not divisible by {jax.process_count()} processes")
+    dataset = make_dataset(records, tokenizer, max_len=config.data.max_len,
+                           batch_size=t.batch_size // jax.process_count(), seed=config.seed,
+                           process_index=jax.process_index(), process_count=jax.process_count())
+    data_iter = iter(dataset)
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), save_every=t.save_every, keep=t.keep,
+                        async_save=t.async_checkpointing)
+    start = ckpt.latest_step()
+    if start is not None:
+        state, data_state = ckpt.restore(start, setup.abstract_state)
+        data_iter.set_state(data_state)
+        log.info("resumed at step %d", start)
+    else:
+        state = setup.init_state()
+        start = 0
+    if jax.process_index() == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=2))
+
+    stop = {"signal": None}
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
+    logger = _Logger(out_dir)
+    end = setup.steps if stop_after is None else min(setup.steps, start + stop_after)
+    bar = tqdm(total=setup.steps, initial=start, desc="train", dynamic_ncols=True, disable=jax.process_index() != 0)
+    last = {}
+    tokens, t0 = 0, time.perf_counter()
+    step = start
+    try:
+        while step < end:
+            local = next(data_iter)
+            tokens += int(np.sum(local["ids"] != pad))
+            state, metrics = setup.step(state, setup.target_params, setup.global_batch(local))
+            step += 1
+            bad = int(state["bad_steps"])
+            if bad:
+                log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)", step, bad)
+                if bad >= t.max_bad_steps:
+                    raise TrainingStopped(f"{bad} non-finite steps in a row at step {step}; stopped. The last good "
+                                          f"checkpoint (step {ckpt.latest_step()}) is intact in {ckpt.directory}")
+            if step % t.log_every == 0 or step == end:
+                last = _to_python(metrics)
+                elapsed = time.perf_counter() - t0
+                last.update(tokens_per_s=round(tokens / elapsed, 1))
+                tokens, t0 = 0, time.perf_counter()
+                logger.write(step, last)
+                bar.set_postfix(loss=f"{last['loss']:.3f}", tau=f"{last.get('sim_tau_drafter', 0):.2f}")
+            bar.update(1)
+            if not bad:
+                ckpt.save(step, state, data_iter.get_state())
+            if stop["signal"] is not None:
+                log.warning("SIGTERM at step %d: saving and exiting", step)
+                ckpt.save(step, state, data_iter.get_state(), force=True)
+                break
+        if step == setup.steps and ckpt.latest_step() != step:
+            ckpt.save(step, state, data_iter.get_state(), force=True)
+    finally:
+        bar.close()
+        ckpt.close()
+        logger.close()
+        signal.signal(signal.SIGTERM, previous)
+    if step == setup.steps and jax.process_index() == 0:
+        export(setup, state, os.path.join(out_dir, "export"))
+    return {"step": step, "steps": setup.steps, "metrics": last, "state": state, "setup": setup}
+
+
+def export(setup: Setup, state, out_dir: str) -> None:
+    """The trained drafter in the DFlash layout, heads beside it: what `xpress_jax.eval --checkpoint` reads."""
+    from xpress_jax.checkpoints.heads import save_head
+    from xpress_jax.checkpoints.hf_drafter import save_drafter
+    model = st.merge(setup.graphdef, jax.device_get(state["params"]))
+    save_drafter(model.drafter, out_dir)
+    for name in model.head_names():
+        save_head(getattr(model, name), out_dir, name)
+    log.info("exported the drafter and heads to %s", out_dir)
