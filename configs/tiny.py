@@ -21,14 +21,14 @@ def get_config() -> ml_collections.ConfigDict:
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
         rope_theta=1_000_000.0, tie_word_embeddings=True, max_position_embeddings=4096)
-    config.drafter = drafter_section(num_layers=2, target_layer_ids=(), block_size=16, mask_token_id=511)
+    config.drafter = drafter_section(num_layers=2, target_layer_ids=(1, 2), block_size=16, mask_token_id=511)
     config.heads = heads_section(rank=32, gru_hidden=32, proj_dim=32)
     config.eval = ml_collections.ConfigDict({
         "datasets": ("gsm8k",), "heads": ("dflash", "markov", "gru", "xpress"), "num_prompts": 4,
         "max_new_tokens": 24, "temperature": 0.0, "batch_size": 1, "seed": 0, "max_iters": 4, "early_stop": True,
         "top_k": 0, "jacobi_k": (1, 2, 4, 8, 15), "out_dir": "runs/eval"})
     config.train = ml_collections.ConfigDict({
-        "steps": 200, "epochs": 6, "batch_size": 4, "lr": 0.003, "warmup_fraction": 0.04, "final_lr_fraction": 0.0,
+        "steps": 100, "epochs": 6, "batch_size": 4, "lr": 0.003, "warmup_fraction": 0.04, "final_lr_fraction": 0.0,
         "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.0, "trainable": "all", "heads": ("xpress",),
         "num_anchors": 16, "anchor_chunk": 16, "remat": True, "log_every": 10, "save_every": 20,
         "keep": 3, "async_checkpointing": True, "max_bad_steps": 5, "distributed": False, "out_dir": "runs/tiny",

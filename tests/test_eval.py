@@ -81,3 +81,29 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
 def test_eval_cli_rejects_unknown_head(tmp_path):
     r = run("xpress_jax.eval", "--heads=medusa", f"--out={tmp_path}")
     assert r.returncode == 2 and "unknown heads ['medusa']" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tmp_path):
+    from xpress_jax.assemble import build_target
+    from xpress_jax.cli import DEFAULT_CONFIG, load_config
+    from xpress_jax.data.byte_tokenizer import ByteTokenizer
+    from xpress_jax.data.chat import prompt_ids
+    from xpress_jax.decoding.speculative import generate_greedy
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"}]},
+        {"question": "2+2?", "answer": "4"}]) + "\n")
+    args = ("xpress_jax.generate", f"--input={src}", f"--output={tmp_path / 'out'}", "--max_new_tokens=5")
+    r = run(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "data.jsonl")]
+    assert [row["id"] for row in rows] == ["a", "1"]
+    tok = ByteTokenizer(512)
+    target = build_target(load_config(DEFAULT_CONFIG))
+    stops = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    expect = generate_greedy(target, [prompt_ids(tok, [{"role": "user", "content": "hi"}])], max_new_tokens=5,
+                             stop_ids=stops).tokens[0]
+    assert rows[0]["conversations"][1]["content"] == tok.decode(expect, skip_special_tokens=True)
+    again = run(*args)
+    assert again.returncode == 0 and "2 already regenerated, 0 to go" in again.stderr
+    assert len(open(tmp_path / "out" / "data.jsonl").readlines()) == 2

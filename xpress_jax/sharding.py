@@ -6,6 +6,7 @@ that a mesh axis does not divide stays replicated rather than failing.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Sequence
 
@@ -40,9 +41,11 @@ def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
     if -1 in shape:
         rest = math.prod(s for s in shape if s != -1)
         shape[shape.index(-1)] = len(devices) // rest
-    if math.prod(shape) != len(devices):
+    if math.prod(shape) > len(devices) or len(devices) % math.prod(shape):
         raise ValueError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices, have {len(devices)}")
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+    if math.prod(shape) < len(devices):
+        logging.getLogger(__name__).warning("mesh %s uses %d of %d devices", tuple(shape), math.prod(shape), len(devices))
+    return Mesh(np.asarray(devices[:math.prod(shape)]).reshape(shape), MESH_AXES)
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,

@@ -107,8 +107,8 @@ def load_qwen3(hf_dir: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=
     return model
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
-    if jax.process_count() > 1 and not x.is_fully_addressable:
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and jax.process_count() > 1 and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))

@@ -31,15 +31,15 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def save(self, step: int, state, data_state: dict, *, force: bool = False) -> bool:
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state))
+        # The JSON item carries the parameter shapes, so a restore can check them before reading arrays.
+        meta = {"iterator": data_state, "param_shapes": {k: list(v.shape) for k, v in state["params"].items()}}
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(meta))
         return self.manager.save(step, args=args, force=force)
 
-    def _check_shapes(self, step: int, abstract_state) -> None:
+    def _check_shapes(self, step: int, meta: dict, abstract_state) -> None:
         """A clear error for a checkpoint of another model shape (rather than one from deep inside)."""
-        saved = self.manager.item_metadata(step)["state"]
-        want = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(abstract_state)}
-        have = {jax.tree_util.keystr(p): tuple(getattr(x, "shape", ()))
-                for p, x in jax.tree_util.tree_leaves_with_path(saved)}
+        have = {k: tuple(v) for k, v in meta["param_shapes"].items()}
+        want = {k: tuple(v.shape) for k, v in abstract_state["params"].items()}
         missing = sorted(set(want) - set(have))
         extra = sorted(set(have) - set(want))
         wrong = sorted(k for k in set(want) & set(have) if want[k] != have[k])
@@ -50,11 +50,12 @@ class Checkpointer:
                 f"{len(wrong)} shape mismatches {detail}, missing {missing[:5]}, unexpected {extra[:5]}")
 
     def restore(self, step: int, abstract_state):
-        self._check_shapes(step, abstract_state)
+        meta = self.manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+        self._check_shapes(step, meta, abstract_state)
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
         restored = self.manager.restore(step, args=args)
         log.info("restored step %d from %s", step, self.directory)
-        return restored["state"], restored["data"]
+        return restored["state"], restored["data"]["iterator"]
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -171,10 +171,10 @@ def make_train_step(graphdef, target_graphdef, tx, schedule, settings: LossSetti
             return compute_loss(model, target, batch["ids"], batch["loss_mask"], key, settings)
 
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         new_state = {"step": state["step"] + 1, "params": keep(params, state["params"]),
                      "opt_state": keep(opt_state, state["opt_state"]), "key": state["key"],

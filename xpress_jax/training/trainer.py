@@ -39,8 +39,9 @@ def maybe_initialize_distributed(config) -> None:
     """Multi-host: jax.distributed from XPRESS_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, or the
     cluster's own environment (TPU pods, SLURM) when train.distributed is set."""
     if os.environ.get("XPRESS_COORDINATOR"):
-        if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # CPU collectives between processes (only the CPU backend reads this; asking for the backend
+        # here would initialise it before jax.distributed may)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=os.environ["XPRESS_COORDINATOR"],
                                    num_processes=int(os.environ["XPRESS_NUM_PROCESSES"]),
                                    process_id=int(os.environ["XPRESS_PROCESS_ID"]))
@@ -112,7 +113,8 @@ class Setup:
         self.target_graphdef, target_params = st.split_params(target)
         self.params, self.param_sharding = place(params, st.flat_axes(trainable), self.mesh)
         self.target_params, self.target_sharding = place(target_params, st.flat_axes(target), self.mesh)
-        self.steps = total_steps(config, num_records)
+        # the schedule's length does not change the compiled step, so a dry run needs no data size
+        self.steps = 1 if abstract and not config.train.steps else total_steps(config, num_records)
         self.schedule = st.make_schedule(config.train, self.steps)
         self.tx = st.make_optimizer(config.train, self.steps, self.params)
         replicated = NamedSharding(self.mesh, P())
@@ -275,16 +277,26 @@ def train(config, *, stop_after: int | None = None) -> dict:
         ckpt.close()
         logger.close()
         signal.signal(signal.SIGTERM, previous)
-    if step == setup.steps and jax.process_index() == 0:
-        export(setup, state, os.path.join(out_dir, "export"))
+    if step == setup.steps:
+        params = host_params(state["params"])  # a collective: every process takes part
+        if jax.process_index() == 0:
+            export(setup, params, os.path.join(out_dir, "export"))
     return {"step": step, "steps": setup.steps, "metrics": last, "state": state, "setup": setup}
 
 
-def export(setup: Setup, state, out_dir: str) -> None:
+def host_params(params: dict) -> dict:
+    """Parameters as host numpy arrays, gathered across processes when sharded over several."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        return multihost_utils.process_allgather(params, tiled=True)
+    return jax.device_get(params)
+
+
+def export(setup: Setup, params: dict, out_dir: str) -> None:
     """The trained drafter in the DFlash layout, heads beside it: what `xpress_jax.eval --checkpoint` reads."""
     from xpress_jax.checkpoints.heads import save_head
     from xpress_jax.checkpoints.hf_drafter import save_drafter
-    model = st.merge(setup.graphdef, jax.device_get(state["params"]))
+    model = st.merge(setup.graphdef, params)
     save_drafter(model.drafter, out_dir)
     for name in model.head_names():
         save_head(getattr(model, name), out_dir, name)

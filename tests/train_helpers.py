@@ -1,0 +1,30 @@
+"""Small training configs for tests (seconds per run on this CPU)."""
+
+import os
+
+from xpress_jax.cli import DEFAULT_CONFIG, apply_override, load_config
+
+TINY_OVERRIDES = {
+    "target.arch.vocab_size": "300", "target.arch.hidden_size": "32", "target.arch.intermediate_size": "64",
+    "target.arch.num_hidden_layers": "3", "target.arch.num_attention_heads": "2", "target.arch.num_key_value_heads": "1",
+    "target.arch.head_dim": "16", "drafter.num_layers": "1", "drafter.block_size": "6", "drafter.mask_token_id": "299",
+    "heads.rank": "16", "heads.gru_hidden": "16", "heads.proj_dim": "16",
+    "train.num_anchors": "8", "train.anchor_chunk": "4", "train.batch_size": "8", "train.log_every": "1",
+    "data.max_len": "256", "train.lr": "0.003",
+}
+
+
+def train_config(out_dir, **overrides):
+    config = load_config(DEFAULT_CONFIG)
+    for key, value in {**TINY_OVERRIDES, "train.out_dir": str(out_dir), **overrides}.items():
+        apply_override(config, key, str(value))
+    return config
+
+
+def override_args(out_dir, **overrides):
+    return [f"--config.{k}={v}" for k, v in {**TINY_OVERRIDES, "train.out_dir": str(out_dir), **overrides}.items()]
+
+
+def checkpoint_steps(out_dir):
+    path = os.path.join(out_dir, "checkpoints")
+    return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
