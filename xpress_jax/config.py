@@ -61,3 +61,38 @@ def head_kwargs(name: str, config: ml_collections.ConfigDict, drafter: DrafterCo
     if name == "gru":
         return {**base, "gru_hidden": h.gru_hidden, "proj_dim": h.proj_dim}
     raise ConfigError(f"unknown head {name!r}; choose one of xpress, markov, gru")
+
+
+def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.ConfigDict,
+                  heads: ml_collections.ConfigDict, train: dict | None = None, data: dict | None = None,
+                  mesh_shape=(1, -1, 1), evaluation: dict | None = None, dtype: str = "bfloat16",
+                  target_param_dtype: str = "bfloat16") -> ml_collections.ConfigDict:
+    """A full config with the published DFlash recipe as defaults (block 16, gamma 7, 512 anchors,
+    lr 6e-4, warmup 4%, cosine, clip 1.0, AdamW without decay, 6 epochs, length 3072);
+    `train`, `data` and `evaluation` override individual fields."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.dtype = dtype  # compute
+    config.param_dtype = "float32"  # master weights of what trains
+    config.target_param_dtype = target_param_dtype  # the frozen target needs no master copy
+    config.target = target
+    config.drafter = drafter
+    config.heads = heads
+    config.train = ml_collections.ConfigDict({
+        "steps": 0, "epochs": 6, "batch_size": 16, "lr": 6e-4, "warmup_fraction": 0.04, "final_lr_fraction": 0.0,
+        "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.0, "trainable": "all", "heads": ("xpress",),
+        "num_anchors": 512, "anchor_chunk": 32, "remat": True, "log_every": 20, "save_every": 1000, "keep": 3,
+        "async_checkpointing": True, "max_bad_steps": 5, "distributed": False, "out_dir": "runs/train",
+        "loss": {"gamma": 7.0, "dflash_ce": 1.0, "tv": 1.0, "xpress_teacher_forced": 1.0, "xpress_anchor": 1.0,
+                 "xpress_consistency": 1.0, "markov": 1.0, "gru": 1.0, "dloop": 0.0, "dloop_beta": 0.8,
+                 "dloop_tau_s": 7.0},
+        **(train or {})})
+    config.data = ml_collections.ConfigDict({"train_files": (), "tokenizer_dir": "", "max_len": 3072, **(data or {})})
+    config.mesh = ml_collections.ConfigDict({"shape": tuple(mesh_shape)})  # (data, fsdp, tensor); -1: the rest
+    config.eval = ml_collections.ConfigDict({
+        "datasets": ("gsm8k",), "heads": ("dflash", "markov", "gru", "xpress"), "num_prompts": 80,
+        "max_new_tokens": 2048, "temperature": 0.0, "batch_size": 1, "seed": 0, "max_iters": 4, "early_stop": True,
+        "top_k": 0, "jacobi_k": (1, 2, 4, 8, 15), "out_dir": "runs/eval", **(evaluation or {})})
+    config.sample = ml_collections.ConfigDict(
+        {"prompt": "Write a haiku about speculative decoding.", "max_new_tokens": 64, "max_len": 4096})
+    return config

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_dtypes
 from flax import nnx
 
-from xpress_jax.checkpoints.hf_qwen3 import load_into, save_from
+from xpress_jax.checkpoints.hf_qwen3 import layer_rules, load_into, save_from
 from xpress_jax.checkpoints.keymap import KeyRule
 from xpress_jax.checkpoints.safetensors_io import SafetensorsDir
 from xpress_jax.errors import CheckpointError
@@ -20,18 +20,7 @@ DRAFTER_RULES: tuple[KeyRule, ...] = (
     KeyRule("fc.weight", "fc", in_dims=1),
     KeyRule("hidden_norm.weight", "hidden_norm.weight"),
     KeyRule("norm.weight", "norm.weight"),
-    KeyRule("layers.{i}.input_layernorm.weight", "layers.{i}.input_layernorm.weight"),
-    KeyRule("layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attention_layernorm.weight"),
-    KeyRule("layers.{i}.self_attn.q_proj.weight", "layers.{i}.self_attn.q_proj", in_dims=1),
-    KeyRule("layers.{i}.self_attn.k_proj.weight", "layers.{i}.self_attn.k_proj", in_dims=1),
-    KeyRule("layers.{i}.self_attn.v_proj.weight", "layers.{i}.self_attn.v_proj", in_dims=1),
-    KeyRule("layers.{i}.self_attn.o_proj.weight", "layers.{i}.self_attn.o_proj", in_dims=2),
-    KeyRule("layers.{i}.self_attn.q_norm.weight", "layers.{i}.self_attn.q_norm.weight"),
-    KeyRule("layers.{i}.self_attn.k_norm.weight", "layers.{i}.self_attn.k_norm.weight"),
-    KeyRule("layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_proj", in_dims=1),
-    KeyRule("layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.up_proj", in_dims=1),
-    KeyRule("layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down_proj", in_dims=1),
-)
+) + layer_rules("layers")
 
 
 def drafter_rules(cfg: DrafterConfig) -> list[KeyRule]:

@@ -20,22 +20,32 @@ from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
 
 log = logging.getLogger(__name__)
 
+# One Qwen3 decoder layer: (HF name inside the layer, model path inside the layer, in_dims)
+_LAYER = (
+    ("input_layernorm.weight", "input_layernorm.weight", None),
+    ("post_attention_layernorm.weight", "post_attention_layernorm.weight", None),
+    ("self_attn.q_proj.weight", "self_attn.q_proj", 1),
+    ("self_attn.k_proj.weight", "self_attn.k_proj", 1),
+    ("self_attn.v_proj.weight", "self_attn.v_proj", 1),
+    ("self_attn.o_proj.weight", "self_attn.o_proj", 2),
+    ("self_attn.q_norm.weight", "self_attn.q_norm.weight", None),
+    ("self_attn.k_norm.weight", "self_attn.k_norm.weight", None),
+    ("mlp.gate_proj.weight", "mlp.gate_proj", 1),
+    ("mlp.up_proj.weight", "mlp.up_proj", 1),
+    ("mlp.down_proj.weight", "mlp.down_proj", 1),
+)
+
+
+def layer_rules(hf_prefix: str) -> tuple[KeyRule, ...]:
+    """Decoder-layer rules under an HF prefix ('model.layers' in Qwen3, 'layers' in a DFlash drafter)."""
+    return tuple(KeyRule(f"{hf_prefix}.{{i}}.{hf}", f"layers.{{i}}.{path}", in_dims) for hf, path, in_dims in _LAYER)
+
+
 QWEN3_RULES: tuple[KeyRule, ...] = (
     KeyRule("model.embed_tokens.weight", "embed_tokens"),
     KeyRule("model.norm.weight", "norm.weight"),
     KeyRule("lm_head.weight", "lm_head", in_dims=1),
-    KeyRule("model.layers.{i}.input_layernorm.weight", "layers.{i}.input_layernorm.weight"),
-    KeyRule("model.layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attention_layernorm.weight"),
-    KeyRule("model.layers.{i}.self_attn.q_proj.weight", "layers.{i}.self_attn.q_proj", in_dims=1),
-    KeyRule("model.layers.{i}.self_attn.k_proj.weight", "layers.{i}.self_attn.k_proj", in_dims=1),
-    KeyRule("model.layers.{i}.self_attn.v_proj.weight", "layers.{i}.self_attn.v_proj", in_dims=1),
-    KeyRule("model.layers.{i}.self_attn.o_proj.weight", "layers.{i}.self_attn.o_proj", in_dims=2),
-    KeyRule("model.layers.{i}.self_attn.q_norm.weight", "layers.{i}.self_attn.q_norm.weight"),
-    KeyRule("model.layers.{i}.self_attn.k_norm.weight", "layers.{i}.self_attn.k_norm.weight"),
-    KeyRule("model.layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_proj", in_dims=1),
-    KeyRule("model.layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.up_proj", in_dims=1),
-    KeyRule("model.layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down_proj", in_dims=1),
-)
+) + layer_rules("model.layers")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",

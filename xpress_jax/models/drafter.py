@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
+from flax import nnx
 
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, param
-from xpress_jax.models.qwen3 import Qwen3Config, write_at
+from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_at
 
 QWEN3_MASK_TOKEN_ID = 151669  # an unused row of the Qwen3 embedding
 
@@ -105,29 +105,9 @@ class DrafterConfig:
                    rms_norm_eps=base.rms_norm_eps, rope_theta=base.rope_theta)
 
 
-@struct.dataclass
-class ContextCache:
-    """Per-layer keys/values of the fused context features; slot i = absolute position i.
-
-    Grows as tokens are committed; rollback only moves `lengths` (stale slots are masked).
-    """
-
-    k: tuple[jax.Array, ...]  # per layer [batch, max_len, kv_heads, head_dim]
-    v: tuple[jax.Array, ...]
-    lengths: jax.Array  # [batch] int32: context tokens per sequence
-
-    @classmethod
-    def init(cls, cfg: DrafterConfig, batch: int, max_len: int, dtype=jnp.float32) -> "ContextCache":
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
-        zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))  # noqa: E731
-        return cls(k=zeros(), v=zeros(), lengths=jnp.zeros((batch,), jnp.int32))
-
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[1]
-
-    def rollback(self, lengths: jax.Array) -> "ContextCache":
-        return self.replace(lengths=lengths.astype(jnp.int32))
+# The drafter's context cache is a KVCache over the fused context features: one K/V per draft
+# layer and committed token, grown by extend_context and rolled back by length like the target's.
+ContextCache = KVCache
 
 
 class DFlashDrafter(nnx.Module):

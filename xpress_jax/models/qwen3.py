@@ -104,7 +104,8 @@ class KVCache:
     lengths: jax.Array  # [batch] int32: committed tokens per sequence
 
     @classmethod
-    def init(cls, cfg: Qwen3Config, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
+    def init(cls, cfg, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
+        """cfg: anything with num_hidden_layers, num_key_value_heads, head_dim (target or drafter)."""
         shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
         return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)),
