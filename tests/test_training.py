@@ -311,3 +311,43 @@ def test_bad_configs_fail_clearly(tmp_path):
     from xpress_jax.training.trainer import loss_settings
     with pytest.raises(ConfigError, match="D-Loop trains the drafter alone"):
         loss_settings(train_config(tmp_path, **{"train.loss.dloop": "1.0"}))
+
+
+def test_restore_onto_a_different_mesh(tmp_path):
+    """Saved from a (8,1,1) mesh, restored onto (2,2,2): same values, the new mesh's shardings."""
+    from xpress_jax.training.checkpointing import Checkpointer
+    from xpress_jax.training.trainer import Setup
+    rng = np.random.default_rng(1)
+    batch = {"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
+             "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)}
+    first = Setup(train_config(tmp_path, **{"mesh.shape": "(8, 1, 1)", "data.max_len": "64", "train.steps": "10"}),
+                  abstract=False)
+    state, _ = first.step(first.init_state(), first.target_params, first.global_batch(batch))
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), save_every=1, keep=2, async_save=False)
+    ckpt.save(1, state, {"next_index": 8})
+    ckpt.wait()
+    second = Setup(train_config(tmp_path, **{"mesh.shape": "(2, 2, 2)", "data.max_len": "64", "train.steps": "10"}),
+                   abstract=False)
+    restored, data_state = ckpt.restore(1, second.abstract_state)
+    ckpt.close()
+    assert data_state == {"next_index": 8}
+    q = "drafter.layers.0.self_attn.q_proj"
+    assert restored["params"][q].sharding == second.param_sharding[q] != first.param_sharding[q]
+    for k, v in jax.device_get(state["params"]).items():
+        np.testing.assert_array_equal(np.asarray(restored["params"][k]), v, err_msg=k)
+    # and training continues from it on the new mesh
+    _, metrics = second.step(restored, second.target_params, second.global_batch(batch))
+    assert bool(metrics["finite"])
+
+
+def test_array_record_files_are_read(tmp_path):
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from xpress_jax.data.dataset import read_records
+    path = str(tmp_path / "d.array_record")
+    writer = ArrayRecordWriter(path, "group_size:1")
+    rows = [{"id": str(i), "conversations": [{"role": "user", "content": f"q{i}"},
+                                             {"role": "assistant", "content": f"a{i}"}]} for i in range(3)]
+    for r in rows:
+        writer.write(json.dumps(r).encode())
+    writer.close()
+    assert read_records([path]) == rows
