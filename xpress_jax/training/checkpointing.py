@@ -12,7 +12,6 @@ import logging
 import os
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from xpress_jax.errors import CheckpointError
@@ -64,8 +63,3 @@ class Checkpointer:
         self.manager.wait_until_finished()
         self.manager.close()
 
-
-def tree_equal(a, b) -> bool:
-    """Bitwise equality of two pytrees of arrays."""
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))

@@ -244,18 +244,27 @@ def train(config, *, stop_after: int | None = None) -> dict:
     last = {}
     tokens, t0 = 0, time.perf_counter()
     step = start
+    bad = 0  # non-finite steps in a row
+    pending = None  # the last dispatched step's `finite` flag, read one step later
+
+    def check(finite, at: int) -> int:
+        count = 0 if bool(finite) else bad + 1
+        if count:
+            log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)", at, count)
+            if count >= t.max_bad_steps:
+                raise TrainingStopped(f"{count} non-finite steps in a row at step {at}; stopped. The last good "
+                                      f"checkpoint (step {ckpt.latest_step()}) is intact in {ckpt.directory}")
+        return count
+
     try:
         while step < end:
             local = next(data_iter)
             tokens += int(np.sum(local["ids"] != pad))
             state, metrics = setup.step(state, setup.target_params, setup.global_batch(local))
             step += 1
-            bad = int(state["bad_steps"])
-            if bad:
-                log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)", step, bad)
-                if bad >= t.max_bad_steps:
-                    raise TrainingStopped(f"{bad} non-finite steps in a row at step {step}; stopped. The last good "
-                                          f"checkpoint (step {ckpt.latest_step()}) is intact in {ckpt.directory}")
+            if pending is not None:  # the previous step has finished (or nearly) while this one runs
+                bad = check(pending, step - 1)
+            pending = metrics["finite"]
             if step % t.log_every == 0 or step == end:
                 last = _to_python(metrics)
                 elapsed = time.perf_counter() - t0
@@ -264,13 +273,15 @@ def train(config, *, stop_after: int | None = None) -> dict:
                 logger.write(step, last)
                 bar.set_postfix(loss=f"{last['loss']:.3f}", tau=f"{last.get('sim_tau_drafter', 0):.2f}")
             bar.update(1)
-            if not bad:
-                ckpt.save(step, state, data_iter.get_state())
+            saving = stop["signal"] is not None or step == setup.steps or ckpt.manager.should_save(step)
+            if saving and bool(pending):  # only here does the loop wait for the current step
+                ckpt.save(step, state, data_iter.get_state(), force=stop["signal"] is not None)
             if stop["signal"] is not None:
                 log.warning("SIGTERM at step %d: saving and exiting", step)
-                ckpt.save(step, state, data_iter.get_state(), force=True)
                 break
-        if step == setup.steps and ckpt.latest_step() != step:
+        if pending is not None:
+            bad = check(pending, step)
+        if step == setup.steps and ckpt.latest_step() != step and bad == 0:
             ckpt.save(step, state, data_iter.get_state(), force=True)
     finally:
         bar.close()
