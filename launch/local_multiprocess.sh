@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# N processes on one machine (CPU devices), coordinated through localhost: a rehearsal of a
-# multi-host run. Extra arguments go to every process.
+# N training processes on one machine (CPU devices), coordinated through localhost: a rehearsal
+# of a multi-host run. Extra arguments go to every process.
 #   launch/local_multiprocess.sh 2 --config.train.steps=20 --config.train.out_dir=runs/mp
+#   launch/local_multiprocess.sh --dry_run 2 ...     # print each process's command, run nothing
+# XPRESS_PORT fixes the coordinator port (default: a random free-looking one).
 set -euo pipefail
+dry_run=0
+if [ "${1:-}" = "--dry_run" ]; then dry_run=1; shift; fi
+if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: $0 [--dry_run] NUM_PROCESSES [python -m xpress_jax.train flags...]" >&2
+  exit 2
+fi
 n=$1
 shift
-port=$((20000 + RANDOM % 20000))
+port=${XPRESS_PORT:-$((20000 + RANDOM % 20000))}
 pids=()
 for ((i = 0; i < n; i++)); do
-  XPRESS_COORDINATOR=localhost:$port XPRESS_NUM_PROCESSES=$n XPRESS_PROCESS_ID=$i JAX_PLATFORMS=cpu \
-    XLA_FLAGS=--xla_force_host_platform_device_count=2 python -m xpress_jax.train "$@" &
+  env_vars=(XPRESS_COORDINATOR=localhost:$port XPRESS_NUM_PROCESSES=$n XPRESS_PROCESS_ID=$i JAX_PLATFORMS=cpu
+            XLA_FLAGS=--xla_force_host_platform_device_count=2)
+  if [ $dry_run = 1 ]; then
+    echo "[process $i] ${env_vars[*]} python -m xpress_jax.train $*"
+    continue
+  fi
+  env "${env_vars[@]}" python -m xpress_jax.train "$@" &
   pids+=($!)
 done
 status=0

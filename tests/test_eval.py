@@ -73,7 +73,9 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
         assert len(report["results"][ds]["xpress"]["accept_per_position"]) == 15
         assert report["results"][ds]["xpress"]["lossless"] is True
         assert set(report["results"][ds]["xpress"]["time_split"]) == {"prefill_s", "draft_s", "refine_s", "verify_s"}
-        assert set(report["jacobi_sweep"][ds]) == {"1", "3"}
+        assert set(report["jacobi_sweep"][ds]["xpress"]) == {"1", "3"}
+        assert report["results"][ds]["xpress"]["tau_per_prompt_mean"] >= 1.0
+        assert 0.0 <= report["results"][ds]["xpress"]["repetition_rate"] <= 1.0
     for name in ("results.md", "acceptance.png", "tau_vs_k.png"):
         assert os.path.getsize(out / name) > 0
 
@@ -107,3 +109,40 @@ def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tm
     again = run(*args)
     assert again.returncode == 0 and "2 already regenerated, 0 to go" in again.stderr
     assert len(open(tmp_path / "out" / "data.jsonl").readlines()) == 2
+
+
+def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
+    from xpress_jax.errors import InputError
+    from xpress_jax.evaluation import Method, parse_methods
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    assert parse_methods([f"dflash={a}", f"xpress.frozen={b}", f"xpress={a}"], [], "") == [
+        Method("dflash", "dflash", str(a)), Method("xpress.frozen", "xpress", str(b)), Method("xpress", "xpress", str(a))]
+    assert parse_methods(None, ["dflash", "markov"], str(a)) == [Method("dflash", "dflash", str(a)),
+                                                                 Method("markov", "markov", str(a))]
+    for bad, message in (([f"medusa={a}"], "'medusa' is not a decoder"), (["dflash"], "expected LABEL=DIR"),
+                         ([f"dflash={tmp_path / 'nope'}"], "does not exist"),
+                         ([f"dflash={a}", f"dflash={b}"], "repeats a label")):
+        with pytest.raises(InputError, match=message):
+            parse_methods(bad, [], "")
+
+
+def test_eval_cli_refuses_a_bad_checkpoints_flag(tmp_path):
+    r = run("xpress_jax.eval", f"--checkpoints=target={tmp_path}", f"--out={tmp_path / 'o'}")
+    assert r.returncode == 2 and "'target' is not a decoder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_eval_target_of_the_8b_config_is_held_in_bf16():
+    """Eval, generate and sample build the target as training does: target_param_dtype (bf16),
+    not the float32 of the trained parts (16.4 GB instead of 32.8 GB for Qwen3-8B)."""
+    import math
+    from xpress_jax.assemble import build_target
+    from xpress_jax.cli import config_path, load_config
+    config = load_config(config_path("qwen3_8b.py"))
+    target = nnx.eval_shape(lambda: build_target(config))
+    params = [v for _, v in nnx.to_flat_state(nnx.state(target, nnx.Param))]
+    assert {str(v.dtype) for v in params} == {"bfloat16"}
+    gb = sum(math.prod(v.shape) * 2 for v in params) / 1e9
+    print(f"Qwen3-8B target held for eval: {gb:.1f} GB")
+    assert 16.0 < gb < 16.8

@@ -55,6 +55,9 @@ def test_near_complete_acceptance_counting_target(decoder):
     assert out.tokens[0][:4] == [5, 6, 7, 8]
     assert out.tau > BLOCK - 0.6  # every draft accepted except where max_new_tokens cuts a block
     assert (out.stats["accepted_at"][:, -1] >= out.stats["steps"] - 1).all()
+    # a counting draft never repeats its previous token
+    assert (out.stats["draft_repeats"] == 0).all()
+    assert (out.stats["per_step"].sum(1) == out.stats["committed"]).all()
 
 
 def test_full_acceptance_with_the_bare_drafter():
@@ -63,6 +66,8 @@ def test_full_acceptance_with_the_bare_drafter():
     assert out.tokens == target_only(models, PROMPTS, max_new_tokens=10).tokens
     assert out.stats["steps"].tolist() == [3, 3, 3]  # 1 from prefill + 4 + 4 + (cut to) 1
     assert out.tau == pytest.approx(3.0)
+    assert out.stats["per_step"][:, :4].tolist() == [[4, 4, 1, 0]] * 3  # tokens committed by each step
+    assert (out.stats["draft_repeats"] == out.stats["steps"] * (BLOCK - 2)).all()  # an all-0 draft repeats itself
 
 
 def exact_first_two(target, prompt, temperature):

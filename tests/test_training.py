@@ -230,22 +230,6 @@ def test_sigterm_saves_and_exits(tmp_path):
     assert steps and 0 < steps[-1] < 500 and "SIGTERM" in err
 
 
-def test_two_processes_train_together(tmp_path):
-    import portpicker
-    port = portpicker.pick_unused_port()
-    procs = [start_train(tmp_path, "--config.train.steps=3", "--config.train.save_every=3",
-                         env_extra={"XPRESS_COORDINATOR": f"localhost:{port}", "XPRESS_NUM_PROCESSES": "2",
-                                    "XPRESS_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu",
-                                    "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
-             for i in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    losses_seen = [json.loads(out.strip().splitlines()[-1])["loss"] for out, _ in outs]
-    assert losses_seen[0] == losses_seen[1]
-    assert checkpoint_steps(tmp_path)[-1] == 3
-
-
 # ---- learning, and bad input ----
 
 def predictable_data(path, n=400):
@@ -351,3 +335,76 @@ def test_array_record_files_are_read(tmp_path):
         writer.write(json.dumps(r).encode())
     writer.close()
     assert read_records([path]) == rows
+
+
+# ---- the XPress objective and starting from a trained drafter ----
+
+def test_xpress_training_does_not_count_the_drafter_ce_twice(tmp_path):
+    """With the xpress head, the drafter-anchor term (CE + TV on p^b) is the drafter's loss; DFlash's
+    CE is logged but added only with train.loss.dflash_ce_with_xpress."""
+    from xpress_jax.training.step import LossSettings, compute_loss
+    from xpress_jax.training.trainer import build_frozen_target, build_trainable
+    config = train_config(tmp_path)
+    target = build_frozen_target(config, None)
+    model = build_trainable(config, target.cfg)
+    ids = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 40)), jnp.int32)
+    mask = jnp.asarray(np.arange(40)[None] >= 8).repeat(2, 0)
+    xpress_terms = ("loss/xpress_teacher_forced", "loss/xpress_anchor", "loss/xpress_consistency")
+    for with_ce in (False, True):
+        s = LossSettings(num_anchors=6, anchor_chunk=3, dflash_ce_with_xpress=with_ce)
+        total, m = compute_loss(model, target, ids, mask, jax.random.key(3), s)
+        expect = sum(float(m[k]) for k in xpress_terms) + (float(m["loss/dflash_ce"]) if with_ce else 0.0)
+        assert float(total) == pytest.approx(expect, rel=1e-5)
+        assert float(m["loss/dflash_ce"]) > 0
+
+
+def _flat(module):
+    from xpress_jax.training.state import flat_params
+    return {k: np.asarray(v) for k, v in flat_params(module).items()}
+
+
+def test_init_from_a_trained_drafter_trains_only_the_heads(tmp_path):
+    """A drafter-only run's export, then trainable=heads from it: the drafter stays exactly the
+    exported one, the head learns; a head found in DIR/heads/ is loaded too."""
+    from xpress_jax.checkpoints.heads import load_head
+    from xpress_jax.checkpoints.hf_drafter import load_drafter
+    from xpress_jax.training.trainer import Setup, initial_params, train
+    common = {"train.steps": "3", "train.save_every": "1000", "train.async_checkpointing": "false"}
+    first = tmp_path / "drafter"
+    train(train_config(first, **common, **{"train.trainable": "drafter", "train.heads": "()"}))
+    exported = _flat(load_drafter(str(first / "export")))
+
+    second = tmp_path / "markov"
+    config = train_config(second, **common, **{"train.trainable": "heads", "train.heads": "('markov',)",
+                                               "train.init_from": str(first / "export")})
+    result = train(config)
+    params = {k: np.asarray(v) for k, v in jax.device_get(result["state"]["params"]).items()}
+    for k, v in exported.items():
+        np.testing.assert_array_equal(params[f"drafter.{k}"], v)
+    fresh = {k: np.asarray(v) for k, v in Setup(config, abstract=False, num_records=10).params.items()}
+    assert any(not np.array_equal(params[k], fresh[k]) for k in params if k.startswith("markov."))
+
+    # a run starting from the second export picks up its markov head as well
+    config3 = train_config(tmp_path / "third", **common, **{"train.trainable": "heads", "train.heads": "('markov',)",
+                                                            "train.init_from": str(second / "export")})
+    setup = Setup(config3, abstract=False, num_records=10)
+    start = {k: np.asarray(v) for k, v in initial_params(setup, config3, str(second / "export")).items()}
+    saved = _flat(load_head(nnx_abstract_markov(setup), str(second / "export"), "markov"))
+    for k, v in saved.items():
+        np.testing.assert_array_equal(start[f"markov.{k}"], v)
+
+
+def nnx_abstract_markov(setup):
+    from flax import nnx
+    from xpress_jax.training.state import merge
+    return nnx.eval_shape(lambda: merge(setup.graphdef, setup.params).markov)
+
+
+def test_init_from_a_drafter_of_another_shape_is_refused(tmp_path):
+    from xpress_jax.training.trainer import train
+    common = {"train.steps": "1", "train.save_every": "1000", "train.async_checkpointing": "false"}
+    train(train_config(tmp_path / "a", **common, **{"train.trainable": "drafter", "train.heads": "()"}))
+    config = train_config(tmp_path / "b", **common, **{"drafter.num_layers": "2",
+                                                       "train.init_from": str(tmp_path / "a" / "export")})
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        train(config)

@@ -23,13 +23,19 @@ def _dtypes(config):
     return dict(dtype=dtype(config.dtype), param_dtype=dtype(config.param_dtype))
 
 
+def target_dtypes(config) -> dict:
+    """The frozen target needs no float32 master copy: it is held in target_param_dtype everywhere
+    (training, eval, generation), e.g. 16 GB instead of 33 GB for Qwen3-8B."""
+    return dict(dtype=dtype(config.dtype), param_dtype=dtype(config.target_param_dtype))
+
+
 def build_target(config) -> Qwen3:
     """The target of a config: loaded from `target.hf_dir`, or randomly initialised from `seed`."""
     if config.target.hf_dir:
         from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
-        return load_qwen3(config.target.hf_dir, **_dtypes(config))
+        return load_qwen3(config.target.hf_dir, **target_dtypes(config))
     log.info("no target.hf_dir: random target (seed %d)", config.seed)
-    return Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **_dtypes(config))
+    return Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **target_dtypes(config))
 
 
 def build_drafter(config, target: Qwen3, checkpoint: str = "") -> DFlashDrafter:

@@ -20,7 +20,15 @@ from absl import app, flags
 from xpress_jax.errors import ConfigError, XpressError
 
 _REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-DEFAULT_CONFIG = os.path.join(_REPO_CONFIGS, "tiny.py") if os.path.isdir(_REPO_CONFIGS) else "configs/tiny.py"
+
+
+def config_path(name: str) -> str:
+    """A config file of the checkout's configs/ (or of the working directory's)."""
+    return os.path.join(_REPO_CONFIGS, name) if os.path.isdir(_REPO_CONFIGS) else os.path.join("configs", name)
+
+
+DEFAULT_CONFIG = config_path("tiny.py")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 flags.DEFINE_string("config", DEFAULT_CONFIG,
                     "Config file (configs/NAME.py); override any field with --config.a.b=value.")
@@ -94,9 +102,33 @@ def _fail(message: str, code: int = 2):
     sys.exit(code)
 
 
-def run(main: Callable[[ml_collections.ConfigDict], None]) -> None:
+def quiet_console() -> None:
+    """The console shows warnings and errors (progress bars and results are printed, not logged);
+    XPRESS_LOG_LEVEL=INFO brings the library INFO lines (absl, Orbax, ours) back to it."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter(LOG_FORMAT))
+    console.setLevel(os.environ.get("XPRESS_LOG_LEVEL", "WARNING").upper())
+    root.addHandler(console)
+    root.setLevel(logging.INFO)
+    logging.getLogger("absl").setLevel(logging.INFO)
+
+
+def log_to_file(path: str) -> None:
+    """Every INFO line from here on also goes to `path` (in the run directory)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setLevel(logging.INFO)
+    logging.getLogger().addHandler(handler)
+
+
+def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str | None = None) -> None:
     """Parses flags and the config, then calls main(config); user errors print one line."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if default_config:
+        flags.FLAGS.set_default("config", default_config)
     # CPU XLA cannot donate buffers; the warning says nothing useful there.
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     overrides: list[tuple[str, str]] = []
@@ -113,6 +145,7 @@ def run(main: Callable[[ml_collections.ConfigDict], None]) -> None:
         return rest
 
     def guarded(argv):
+        quiet_console()  # after app.run installed absl's handler
         try:
             config = load_config(flags.FLAGS.config)
             for key, value in overrides:

@@ -65,8 +65,8 @@ def head_kwargs(name: str, config: ml_collections.ConfigDict, drafter: DrafterCo
 
 def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.ConfigDict,
                   heads: ml_collections.ConfigDict, train: dict | None = None, data: dict | None = None,
-                  mesh_shape=(1, -1, 1), evaluation: dict | None = None, dtype: str = "bfloat16",
-                  target_param_dtype: str = "bfloat16") -> ml_collections.ConfigDict:
+                  mesh_shape=(1, -1, 1), evaluation: dict | None = None, pretrain: dict | None = None,
+                  dtype: str = "bfloat16", target_param_dtype: str = "bfloat16") -> ml_collections.ConfigDict:
     """A full config with the published DFlash recipe as defaults (block 16, gamma 7, 512 anchors,
     lr 6e-4, warmup 4%, cosine, clip 1.0, AdamW without decay, 6 epochs, length 3072);
     `train`, `data` and `evaluation` override individual fields."""
@@ -83,16 +83,34 @@ def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.
         "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.0, "trainable": "all", "heads": ("xpress",),
         "num_anchors": 512, "anchor_chunk": 32, "remat": True, "log_every": 20, "save_every": 1000, "keep": 3,
         "async_checkpointing": True, "max_bad_steps": 5, "distributed": False, "out_dir": "runs/train",
+        # a trained drafter to start from (DFlash layout: ours or a published one) and heads from
+        # its heads/ folder where present; empty: random initialisation
+        "init_from": "",
         "loss": {"gamma": 7.0, "dflash_ce": 1.0, "tv": 1.0, "xpress_teacher_forced": 1.0, "xpress_anchor": 1.0,
                  "xpress_consistency": 1.0, "markov": 1.0, "gru": 1.0, "dloop": 0.0, "dloop_beta": 0.8,
-                 "dloop_tau_s": 7.0},
+                 "dloop_tau_s": 7.0,
+                 # XPress as the paper writes it: when the xpress head trains, its drafter-anchor term
+                 # (CE + TV on p^b) is the drafter's loss, so DFlash's CE on p^b is not added again
+                 # (it would count that CE twice); True adds it anyway
+                 "dflash_ce_with_xpress": False},
         **(train or {})})
     config.data = ml_collections.ConfigDict({"train_files": (), "tokenizer_dir": "", "max_len": 3072, **(data or {})})
     config.mesh = ml_collections.ConfigDict({"shape": tuple(mesh_shape)})  # (data, fsdp, tensor); -1: the rest
     config.eval = ml_collections.ConfigDict({
         "datasets": ("gsm8k",), "heads": ("dflash", "markov", "gru", "xpress"), "num_prompts": 80,
         "max_new_tokens": 2048, "temperature": 0.0, "batch_size": 1, "seed": 0, "max_iters": 4, "early_stop": True,
-        "top_k": 0, "jacobi_k": (1, 2, 4, 8, 15), "out_dir": "runs/eval", **(evaluation or {})})
+        "top_k": 0, "jacobi_k": (1, 2, 4, 8, 15), "out_dir": "runs/eval",
+        # longer prompts are skipped and counted in results.json, never cut
+        "max_prompt_tokens": 1024,
+        "time_split": True,  # per-component timings (separately compiled calls)
+        "candidate_k": 0,  # > 0: also measure XPress candidate mode (top-k) against the exact refiner
+        **(evaluation or {})})
+    # training the target itself (python -m xpress_jax.pretrain): the tiny reproduction's target
+    config.pretrain = ml_collections.ConfigDict({
+        "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_fraction": 0.05, "final_lr_fraction": 0.1,
+        "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.1, "max_len": 384, "vocab_size": 2048,
+        "code_functions": 4000, "val_fraction": 0.02, "save_every": 200, "log_every": 20,
+        "report_prompts": 16, "report_max_new_tokens": 192, "out_dir": "runs/pretrain", **(pretrain or {})})
     config.sample = ml_collections.ConfigDict(
         {"prompt": "Write a haiku about speculative decoding.", "max_new_tokens": 64, "max_len": 4096})
     return config

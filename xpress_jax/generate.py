@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 
 from absl import flags
 from tqdm import tqdm
@@ -76,27 +77,27 @@ def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int,
     return [None if o is None else {"id": r["id"], "conversations": o} for r, o in zip(records, outs)]
 
 
-def main(config):
-    if not FLAGS.input or not FLAGS.output:
-        raise DataError("--input and --output are required")
-    records = read_records([FLAGS.input])
+def regenerate(config, input_path: str, output_dir: str, *, batch_size: int = 8, max_new_tokens: int = 1024,
+               max_prompt_tokens: int = 2048, limit: int | None = None) -> dict:
+    """Regenerates the records of input_path (the first `limit`) into OUTPUT/data.jsonl, resuming."""
+    records = read_records([input_path])[:limit]
     for i, r in enumerate(records):
-        r.setdefault("id", str(i))
-        r["id"] = str(r["id"]) if r["id"] is not None else str(i)
-    os.makedirs(FLAGS.output, exist_ok=True)
-    path = os.path.join(FLAGS.output, "data.jsonl")
+        r["id"] = str(r["id"]) if r.get("id") is not None else str(i)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "data.jsonl")
     finished = done_ids(path)
     todo = [r for r in records if r["id"] not in finished]
-    log.info("%d records, %d already regenerated, %d to go", len(records), len(finished), len(todo))
+    print(f"regenerate: {len(records)} records, {len(finished)} already regenerated, {len(todo)} to go",
+          file=sys.stderr)
     model = build_target(config)
     tokenizer = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     skipped = 0
     with open(path, "a") as f:
         bar = tqdm(total=len(todo), desc="regenerate", dynamic_ncols=True)
-        for start in range(0, len(todo), FLAGS.batch_size):
-            chunk = todo[start:start + FLAGS.batch_size]
-            for new in regenerate_batch(model, tokenizer, chunk, stops, FLAGS.max_new_tokens, FLAGS.max_prompt_tokens):
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start:start + batch_size]
+            for new in regenerate_batch(model, tokenizer, chunk, stops, max_new_tokens, max_prompt_tokens):
                 if new is None:
                     skipped += 1
                 else:
@@ -104,7 +105,16 @@ def main(config):
             f.flush()  # a killed run loses at most the batch in flight
             bar.update(len(chunk))
         bar.close()
-    log.info("done: %s (%d skipped as too long)", path, skipped)
+    print(f"regenerate: done, {path} ({skipped} skipped as too long)", file=sys.stderr)
+    return {"records": len(records), "skipped_long": skipped, "path": path}
+
+
+def main(config):
+    if not FLAGS.input or not FLAGS.output:
+        raise DataError("--input and --output are required")
+    cli.log_to_file(os.path.join(FLAGS.output, "log.txt"))
+    regenerate(config, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens,
+               max_prompt_tokens=FLAGS.max_prompt_tokens)
 
 
 if __name__ == "__main__":

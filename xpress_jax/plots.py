@@ -26,14 +26,15 @@ def acceptance_per_position(results: dict, path: str) -> None:
 
 
 def tau_against_k(sweep: dict, reference: dict, path: str) -> None:
-    """tau of the XPress refiner against Jacobi iterations K, with the other heads as flat lines."""
+    """tau of each XPress method against Jacobi iterations K, with the other methods as flat lines."""
     datasets = list(sweep)
     fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
-        ks = sorted(int(k) for k in sweep[ds])
-        ax.plot(ks, [sweep[ds][str(k)] for k in ks], marker="o", label="xpress")
+        for label, by_k in sweep[ds].items():  # one line per XPress method
+            ks = sorted(int(k) for k in by_k)
+            ax.plot(ks, [by_k[str(k)] for k in ks], marker="o", label=label)
         for head, tau in reference.get(ds, {}).items():
-            ax.axhline(tau, ls="--", lw=1, label=head, color=f"C{1 + list(reference[ds]).index(head)}")
+            ax.axhline(tau, ls="--", lw=1, label=head, color=f"C{len(sweep[ds]) + list(reference[ds]).index(head)}")
         ax.set(title=ds, xlabel="Jacobi iterations K", ylabel="tau (acceptance length)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

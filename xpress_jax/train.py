@@ -33,6 +33,7 @@ def main(config):
     if FLAGS.dry_run:
         print(json.dumps(dry_run(config)))
         return
+    cli.log_to_file(os.path.join(config.train.out_dir, "log.txt"))  # library INFO lines, off the console
     result = train(config)
     print(json.dumps({"step": result["step"], **{k: v for k, v in result["metrics"].items()
                                                  if not isinstance(v, list)}}))

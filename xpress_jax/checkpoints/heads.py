@@ -6,6 +6,7 @@ The Markov head's keys follow SpecForge's DSpark layout (`markov_head.markov_w1.
 
 from __future__ import annotations
 
+import json
 import os
 
 from flax import nnx
@@ -27,13 +28,42 @@ def head_file(directory: str, name: str) -> str:
     return os.path.join(directory, "heads", f"{name}.safetensors")
 
 
+# what each head's tensors mean, for PyTorch / SGLang / vLLM users (README "Checkpoint layout")
+HEAD_FORMULAS = {
+    "xpress": "u_k = W_in [W_e[x_{k-1}] ; W_h h_k ; W_g g], g = mean_k h_k; m_k = sum_{j<=k} L[k,j] * u_j; "
+              "z_k = m_k + mlp_down(silu(m_k mlp_gate) * (m_k mlp_up)); l_k = s_k + z_k W_r "
+              "(every matrix stored [in, out]; L [n, n, rank], lower triangle used)",
+    "markov": "l_k = s_k + markov_w1[x_{k-1}] markov_w2^T (SpecForge DSpark layout)",
+    "gru": "state_k = GRU(state_{k-1}, embed(x_{k-1})) without bias; l_k = s_k + W_b silu(W_a [h_k ; state_k])",
+}
+
+
+def head_config(head: nnx.Module, name: str) -> dict:
+    """A small config.json for one head: its sizes (read off the tensors) and its equations."""
+    shapes = {rule.hf: list(v.shape) for rule, (_, v) in
+              zip(head_rules(head), nnx.to_flat_state(nnx.state(head, nnx.Param)))}
+    dims = {}
+    if name == "xpress":
+        dims = {"vocab_size": shapes["W_e"][0], "rank": shapes["W_e"][1], "hidden_size": shapes["W_h"][0],
+                "num_positions": shapes["L"][0], "block_size": shapes["L"][0] + 1}
+    elif name == "markov":
+        dims = {"vocab_size": shapes[_MARKOV["markov_w1"]][0], "rank": shapes[_MARKOV["markov_w1"]][1]}
+    return {"head": name, "class": type(head).__name__, **dims, "tensors": shapes,
+            "formula": HEAD_FORMULAS.get(name, "")}
+
+
 def save_head(head: nnx.Module, directory: str, name: str, dtype=None) -> str:
+    """heads/NAME.safetensors and heads/NAME.config.json beside it."""
     path = head_file(directory, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp_dir = path + ".d"
     save_from(head, head_rules(head), tmp_dir, dtype=dtype, max_shard_bytes=2**62)
     os.replace(os.path.join(tmp_dir, "model.safetensors"), path)
     os.rmdir(tmp_dir)
+    config_path = os.path.join(directory, "heads", f"{name}.config.json")
+    with open(config_path + ".tmp", "w") as f:
+        json.dump(head_config(head, name), f, indent=2)
+    os.replace(config_path + ".tmp", config_path)
     return path
 
 

@@ -58,6 +58,8 @@ class DecodeStats:
     committed: jax.Array  # [batch] tokens committed by those steps (sum of acc + 1, cut at stops)
     accepted_at: jax.Array  # [batch, B-1] steps whose acceptance reached position k (1-based k = index + 1)
     iterations: jax.Array  # [batch] Jacobi iterations (or serial steps) summed over steps
+    draft_repeats: jax.Array  # [batch] drafted positions 2..B-1 whose token equals the previous drafted token
+    per_step: jax.Array  # [batch, max_new_tokens] tokens committed by each verification step (0 after the last)
 
 
 @dataclasses.dataclass
@@ -123,7 +125,9 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
     buf = jnp.full((batch, max_new + block), PAD, jnp.int32).at[:, 0].set(first)
     done = _is_stop(first, stop_ids) | (max_new <= 1)
     stats = DecodeStats(steps=jnp.zeros((batch,), jnp.int32), committed=jnp.zeros((batch,), jnp.int32),
-                        accepted_at=jnp.zeros((batch, n), jnp.int32), iterations=jnp.zeros((batch,), jnp.int32))
+                        accepted_at=jnp.zeros((batch, n), jnp.int32), iterations=jnp.zeros((batch,), jnp.int32),
+                        draft_repeats=jnp.zeros((batch,), jnp.int32),
+                        per_step=jnp.zeros((batch, max_new), jnp.int32))
     slots = jnp.arange(block, dtype=jnp.int32)
 
     def step(carry):
@@ -167,7 +171,10 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
         stats = DecodeStats(
             steps=stats.steps + counted, committed=stats.committed + produced,
             accepted_at=stats.accepted_at + counted[:, None] * (acc[:, None] > jnp.arange(n)[None, :]),
-            iterations=stats.iterations + counted * iterations)
+            iterations=stats.iterations + counted * iterations,
+            draft_repeats=stats.draft_repeats + counted * jnp.sum(draft[:, 1:] == draft[:, :-1], axis=1),
+            per_step=jnp.where(active[:, None] & (jnp.arange(max_new)[None, :] == stats.steps[:, None]),
+                               produced[:, None], stats.per_step))
         return tcache, ctx, last, buf, n_out, done, key, stats
 
     init = (out.cache, ctx, first, buf, jnp.ones((batch,), jnp.int32), done, key, stats)

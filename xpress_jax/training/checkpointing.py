@@ -63,3 +63,21 @@ class Checkpointer:
         self.manager.wait_until_finished()
         self.manager.close()
 
+
+
+def restore_run_step(run: str, step: int | None, abstract_state) -> tuple[int, dict]:
+    """(step, state) of a run's Orbax checkpoint at `step` (None: the latest), or a clear error
+    naming the steps that exist."""
+    ckpt = Checkpointer(os.path.join(run, "checkpoints"), save_every=1, keep=1_000_000, async_save=False)
+    try:
+        steps = sorted(ckpt.manager.all_steps())
+        if not steps:
+            raise CheckpointError(f"{run}: no checkpoint in {ckpt.directory}")
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise CheckpointError(f"{run}: no checkpoint at step {step}; steps there: {steps}")
+        state, _ = ckpt.restore(step, abstract_state)
+    finally:
+        ckpt.close()
+    return step, state

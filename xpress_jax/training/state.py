@@ -76,10 +76,19 @@ def param_shardings(axes: dict[str, tuple], shapes: dict[str, tuple], mesh, rule
 
 
 def opt_state_shardings(tx, abstract_opt, param_sharding: dict, mesh):
-    """Optimizer moments follow their parameters; scalars (counts) are replicated."""
+    """Optimizer moments follow their parameters; scalars (counts) are replicated. A leaf is
+    matched to its parameter by the last dict key on its path, which also works inside
+    multi_transform's masked partitions (where frozen parameters leave no leaf)."""
+    del tx
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return optax.tree_map_params(tx, lambda _, s: s, abstract_opt, param_sharding,
-                                 transform_non_params=lambda _: replicated)
+
+    def leaf_sharding(path, leaf):
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        name = keys[-1] if keys else None
+        if name in param_sharding and getattr(leaf, "ndim", 0) > 0:
+            return param_sharding[name]
+        return replicated
+    return jax.tree_util.tree_map_with_path(leaf_sharding, abstract_opt)
 
 
 def init_state(params: dict, tx, seed: int) -> dict:

@@ -33,6 +33,7 @@ class LossSettings:
     dloop: float = 0.0  # > 0: D-Loop's complementary objective replaces the DFlash CE
     dloop_beta: float = 0.8
     dloop_tau_s: float = 7.0
+    dflash_ce_with_xpress: bool = False  # see config.train.loss
     remat: bool = True
 
     @classmethod
@@ -150,6 +151,8 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
     weights = {"dflash_ce": s.dflash_ce, "dloop": s.dloop, "xpress_teacher_forced": s.xpress_teacher_forced,
                "xpress_anchor": s.xpress_anchor, "xpress_consistency": s.xpress_consistency,
                "markov": s.markov, "gru": s.gru}
+    if "xpress" in heads and not s.dflash_ce_with_xpress:
+        weights["dflash_ce"] = 0.0  # logged, not added: the xpress_anchor term already trains p^b
     total = sum(weights[k] * v for k, v in terms.items() if k in weights)
     metrics = {f"loss/{k}": v for k, v in terms.items() if k in weights}
     metrics.update({k: v for k, v in terms.items() if k.startswith("sim_tau")})

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 
 import jax
@@ -73,7 +74,8 @@ def build_trainable(config, target_cfg, *, abstract: bool = False) -> st.Trainab
 
 
 def build_frozen_target(config, mesh, *, abstract: bool = False) -> Qwen3:
-    kw = dict(dtype=dtype(config.dtype), param_dtype=dtype(config.target_param_dtype))
+    from xpress_jax.assemble import target_dtypes
+    kw = target_dtypes(config)
     if config.target.hf_dir and not abstract:
         from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
         return load_qwen3(config.target.hf_dir, mesh=mesh, **kw)
@@ -227,8 +229,11 @@ def train(config, *, stop_after: int | None = None) -> dict:
     if start is not None:
         state, data_state = ckpt.restore(start, setup.abstract_state)
         data_iter.set_state(data_state)
-        log.info("resumed at step %d", start)
+        if jax.process_index() == 0:  # shown on the console: the user should know a run continued
+            print(f"resumed at step {start} from {ckpt.directory}", file=sys.stderr)
     else:
+        if t.init_from:
+            setup.params = initial_params(setup, config, t.init_from)
         state = setup.init_state()
         start = 0
     if jax.process_index() == 0:
@@ -295,6 +300,31 @@ def train(config, *, stop_after: int | None = None) -> dict:
     return {"step": step, "steps": setup.steps, "metrics": last, "state": state, "setup": setup}
 
 
+def initial_params(setup: Setup, config, directory: str) -> dict:
+    """The Setup's parameters with the drafter (DFlash layout) and any heads found in
+    `directory/heads/` loaded over them; the heads not found stay freshly initialised."""
+    from xpress_jax.checkpoints.heads import head_file, load_head
+    from xpress_jax.checkpoints.hf_drafter import load_drafter
+    drafter = load_drafter(directory, dtype=dtype(config.dtype), param_dtype=dtype(config.param_dtype))
+    if drafter.cfg != setup.drafter_cfg:
+        diff = {f: (getattr(drafter.cfg, f), getattr(setup.drafter_cfg, f)) for f in vars(setup.drafter_cfg)
+                if getattr(drafter.cfg, f) != getattr(setup.drafter_cfg, f)}
+        raise ConfigError(f"train.init_from={directory}: its drafter differs from the config's "
+                          f"(field: (checkpoint, config)) {diff}")
+    loaded = {f"drafter.{k}": v for k, v in st.flat_params(drafter).items()}
+    model = st.merge(setup.graphdef, setup.params)
+    for name in model.head_names():
+        if os.path.isfile(head_file(directory, name)):
+            head = load_head(nnx.eval_shape(lambda: getattr(model, name)), directory, name)
+            loaded.update({f"{name}.{k}": v for k, v in st.flat_params(head).items()})
+            log.info("init_from: %s head from %s", name, directory)
+    params = dict(setup.params)
+    for k, v in loaded.items():
+        params[k] = jax.device_put(v.astype(params[k].dtype), setup.param_sharding[k])
+    log.info("init_from: drafter from %s", directory)
+    return params
+
+
 def host_params(params: dict) -> dict:
     """Parameters as host numpy arrays, gathered across processes when sharded over several."""
     if jax.process_count() > 1:
@@ -303,12 +333,13 @@ def host_params(params: dict) -> dict:
     return jax.device_get(params)
 
 
-def export(setup: Setup, params: dict, out_dir: str) -> None:
-    """The trained drafter in the DFlash layout, heads beside it: what `xpress_jax.eval --checkpoint` reads."""
+def export(setup: Setup, params: dict, out_dir: str, dtype=jnp.bfloat16) -> None:
+    """The trained drafter in the DFlash layout, heads beside it: what `xpress_jax.eval --checkpoint`
+    reads. The end of a run and `python -m xpress_jax.export` both write through here."""
     from xpress_jax.checkpoints.heads import save_head
     from xpress_jax.checkpoints.hf_drafter import save_drafter
     model = st.merge(setup.graphdef, params)
-    save_drafter(model.drafter, out_dir)
+    save_drafter(model.drafter, out_dir, dtype=dtype)
     for name in model.head_names():
-        save_head(getattr(model, name), out_dir, name)
+        save_head(getattr(model, name), out_dir, name)  # heads stay float32 (small)
     log.info("exported the drafter and heads to %s", out_dir)

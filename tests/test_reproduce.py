@@ -1,0 +1,162 @@
+"""The reproduction pipeline at smoke size, run as a user runs it: every stage produces what the
+next one needs, a second run is all cache hits, and the exported target and DFlash drafter give,
+in the official PyTorch `dflash` package, exactly our tokens and acceptance lengths."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from test_tools import ROOT, run
+
+SMOKE = os.path.join(ROOT, "configs", "tiny_repro_smoke.py")
+LABELS = ("dflash", "xpress", "xpress.frozen", "markov", "gru")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repro") / "run"
+    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={out}", timeout=1500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return out, r
+
+
+def test_every_stage_hands_the_next_what_it_needs(smoke_run):
+    out, r = smoke_run
+    for stage in ("target", "regen") + LABELS + ("eval",):
+        assert (out / stage / "DONE.json").is_file(), stage
+    # the target: an HF directory with its tokenizer, and its report
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "pretrain.json"):
+        assert (out / "target" / name).is_file(), name
+    report = json.loads((out / "target" / "pretrain.json").read_text())
+    assert report["val_loss"] > 0 and 0 <= report["greedy"]["distinct_4"] <= 1 and report["greedy"]["examples"]
+    regen = [json.loads(line) for line in open(out / "regen" / "data.jsonl")]
+    assert len(regen) == 16 and all(row["conversations"][-1]["role"] == "assistant" for row in regen)
+    for label in LABELS:
+        export = out / label / "export"
+        assert json.loads((export / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+        if label != "dflash":
+            assert (export / "heads" / f"{label.split('.')[0]}.safetensors").is_file()
+    t0 = json.loads((out / "eval" / "T0" / "results.json").read_text())
+    for ds in ("gsm8k", "humaneval"):
+        rows = t0["results"][ds]
+        assert set(rows) == {"target", *LABELS}
+        assert all(rows[label]["lossless"] is True for label in LABELS)
+        assert all(rows[label]["tau"] >= 1 and rows[label]["tau_per_prompt_mean"] >= 1 for label in LABELS)
+        assert set(t0["jacobi_sweep"][ds]) == {"xpress", "xpress.frozen"}
+        cand = rows["xpress"]["candidate"]
+        assert cand["blocks"] > 0 and 0 <= cand["token_agreement"] <= 1 and cand["tau"] >= 1
+    t1 = json.loads((out / "eval" / "T1" / "results.json").read_text())
+    assert t1["settings"]["temperature"] == 1.0 and set(t1["results"]["gsm8k"]) == {"target", *LABELS}
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["stage_seconds"]) == {"target", "regen", *LABELS, "eval"}
+    assert "| gsm8k | xpress |" in (out / "table.md").read_text() and "| gsm8k | xpress |" in r.stdout
+    # the console: progress and results, not library INFO lines
+    assert " I1" not in r.stderr and "checkpoint_manager" not in r.stderr
+    assert "checkpoint_manager" in (out / "log.txt").read_text()
+
+
+def test_a_second_run_is_all_cache_hits(smoke_run):
+    out, _ = smoke_run
+    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={out}", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.count("done already") == 8 and "running" not in r.stderr
+
+
+def test_the_exported_target_loads_in_transformers_and_passes_logit_check(smoke_run):
+    out, _ = smoke_run
+    r = run("xpress_jax.tools.logit_check", f"--hf_dir={out / 'target'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_official_dflash_gives_our_tokens_and_acceptance_lengths(smoke_run, monkeypatch):
+    """dflash_generate (PyTorch, greedy) on the exported target + DFlash drafter against our
+    jitted loop on the same prompts: same tokens, same steps, same per-prompt acceptance length."""
+    import time
+
+    import torch
+    import transformers
+    from dflash import model as dflash_model
+    from dflash.model import DFlashDraftModel, dflash_generate
+
+    from xpress_jax.checkpoints.hf_drafter import load_drafter
+    from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
+    from xpress_jax.data.chat import load_tokenizer, prompt_ids
+    from xpress_jax.data.questions import load_questions
+    from xpress_jax.decoding.speculative import SpecModels, generate
+
+    # return_stats times with torch.cuda.synchronize; on this CPU a plain clock does the same job
+    monkeypatch.setattr(dflash_model, "_cuda_time", time.perf_counter)
+    out, _ = smoke_run
+    tok = load_tokenizer(str(out / "target"))
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    questions = load_questions("gsm8k", 2) + load_questions("humaneval", 1)
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    max_new = 40
+
+    ref_target = transformers.AutoModelForCausalLM.from_pretrained(str(out / "target"), dtype=torch.float32).eval()
+    ref_drafter = DFlashDraftModel.from_pretrained(str(out / "dflash" / "export")).float().eval()
+    ours = SpecModels(load_qwen3(str(out / "target")), load_drafter(str(out / "dflash" / "export")))
+    block = ours.drafter.cfg.block_size
+    for prompt in prompts:
+        mine = generate(ours, [prompt], decoder="dflash", max_new_tokens=max_new, stop_ids=stops)
+        # the reference with room for a full block at our end, then cut where we stop
+        ref = dflash_generate(ref_drafter, ref_target, torch.tensor([prompt]), max_new + block, stops,
+                              temperature=0.0, return_stats=True)
+        ref_tokens = ref.output_ids[0, len(prompt):].tolist()
+        assert ref_tokens[:len(mine.tokens[0])] == mine.tokens[0]
+        budget, expected = len(mine.tokens[0]) - 1, []  # tokens after the prefill's first one
+        for produced in ref.acceptance_lengths:
+            if sum(expected) >= budget:
+                break
+            expected.append(min(produced, budget - sum(expected)))
+        steps = int(mine.stats["steps"][0])
+        assert mine.stats["per_step"][0, :steps].tolist() == expected  # acceptance length of every step
+        assert mine.tau == pytest.approx(sum(expected) / len(expected))
+
+
+def test_the_notebook_runs_headless_on_the_checkpoints(smoke_run, tmp_path):
+    """notebooks/explore.ipynb executed by nbclient (as CI and a user's Jupyter would), with
+    pictures: every plotting cell leaves a PNG."""
+    import nbformat
+    from nbclient import NotebookClient
+    out, _ = smoke_run
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", "explore.ipynb"), as_version=4)
+    os.environ["XPRESS_RUN"] = str(out)
+    try:
+        NotebookClient(nb, timeout=170, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
+    finally:
+        del os.environ["XPRESS_RUN"]
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) == 4
+    assert any("checkpoints from " + str(out) in o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_a_stage_without_its_inputs_or_an_unknown_stage_is_refused(tmp_path):
+    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={tmp_path}", "--stages=dflash")
+    assert r.returncode == 2 and "stage dflash needs ['target', 'regen'] first" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={tmp_path}", "--stages=medusa")
+    assert r.returncode == 2 and "unknown stages ['medusa']" in r.stderr
+
+
+def test_export_a_target_step_and_the_drafter_run_with_its_target(smoke_run, tmp_path):
+    """Any step of the target run as an HF directory; a drafter run with --target writes the
+    target it trained against, with its tokenizer."""
+    import transformers
+    from test_tools import last_json
+    out, _ = smoke_run
+    r = run("xpress_jax.export", f"--run={out / 'target'}", "--step=6", f"--out={tmp_path / 't'}", "--dtype=float32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert last_json(r.stdout)["step"] == 6
+    a = transformers.AutoModelForCausalLM.from_pretrained(str(out / "target"))
+    b = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "t"))
+    for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert (p == q).all(), name
+    assert (tmp_path / "t" / "tokenizer.json").is_file()
+    r = run("xpress_jax.export", f"--run={out / 'dflash'}", f"--out={tmp_path / 'd'}", "--target")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "d" / "model.safetensors").is_file() and (tmp_path / "d" / "target" / "tokenizer.json").is_file()
+    transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "d" / "target"))

@@ -1,0 +1,256 @@
+"""Evaluation as a library: methods (label -> decoder + checkpoint), decoding every prompt of
+each dataset, the metrics (tau over steps and per prompt, per-position acceptance, repetition,
+tokens/s, speedup over target-only in the same run), results.json, results.md and plots.
+`python -m xpress_jax.eval` and the reproduction pipeline both call `evaluate`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from xpress_jax import plots
+from xpress_jax.assemble import build_drafter, build_head, build_target, describe_checkpoint
+from xpress_jax.config import target_config
+from xpress_jax.data.questions import load_questions
+from xpress_jax.decoding.profile import component_times
+from xpress_jax.decoding.speculative import DECODERS, SpecModels, generate
+from xpress_jax.errors import InputError
+
+log = logging.getLogger("xpress_jax.eval")
+
+SPEC_DECODERS = tuple(d for d in DECODERS if d != "target")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One evaluated row: a label (decoder[.variant]), the decoder it runs, and its checkpoint."""
+    label: str
+    decoder: str
+    checkpoint: str
+
+
+def parse_methods(checkpoints: list[str] | None, heads: list[str], checkpoint: str) -> list[Method]:
+    """--checkpoints=LABEL=DIR,... or, without it, every --heads from the one --checkpoint."""
+    if not checkpoints:
+        bad = [h for h in heads if h not in SPEC_DECODERS]
+        if bad:
+            raise InputError(f"unknown heads {bad}; choose from {', '.join(SPEC_DECODERS)}")
+        return [Method(h, h, checkpoint) for h in heads]
+    methods = []
+    for item in checkpoints:
+        label, eq, path = item.partition("=")
+        decoder = label.split(".", 1)[0]
+        if not eq or not path:
+            raise InputError(f"--checkpoints item {item!r}: expected LABEL=DIR")
+        if decoder not in SPEC_DECODERS:
+            raise InputError(f"--checkpoints label {label!r}: {decoder!r} is not a decoder; choose from "
+                             f"{', '.join(SPEC_DECODERS)} (optionally with .variant)")
+        if not os.path.isdir(path):
+            raise InputError(f"--checkpoints {label}: directory {path!r} does not exist")
+        methods.append(Method(label, decoder, path))
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"--checkpoints repeats a label: {labels}")
+    return methods
+
+
+def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tuple[list[list[int]], int, list[int]]:
+    """Chat-formatted prompt ids; prompts over max_prompt_tokens are skipped (counted), never cut:
+    a cut prompt loses the end of the question and the assistant header."""
+    from xpress_jax.data.byte_tokenizer import ByteTokenizer, tokenizer_for
+    from xpress_jax.data.chat import prompt_ids
+    tok = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
+    if isinstance(tok, ByteTokenizer):
+        log.warning("no tokenizer in target.hf_dir: byte-level prompts (a smoke run with random weights)")
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    encoded = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    kept = [p for p in encoded if len(p) <= max_prompt_tokens]
+    return kept, len(encoded) - len(kept), stops
+
+
+def run_decoder(models, prompts, decoder, e, pad, desc):
+    """Decodes every prompt (in batches); returns tokens, per-prompt stats and seconds (compile excluded)."""
+    kw = dict(decoder=decoder, max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], seed=e["seed"],
+              max_iters=e["max_iters"], early_stop=e["early_stop"], top_k=e["top_k"], pad_multiple=pad,
+              stop_ids=e["stop_ids"])
+    bs = e["batch_size"]
+    generate(models, prompts[:bs], **kw)  # compile outside the timing
+    tokens, rows, seconds = [], [], 0.0
+    for i in tqdm(range(0, len(prompts), bs), desc=desc, leave=False, file=sys.stderr):
+        t0 = time.perf_counter()
+        out = generate(models, prompts[i:i + bs], **kw)
+        seconds += time.perf_counter() - t0
+        tokens += out.tokens
+        rows.append(out.stats)
+    stats = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}  # [n_prompts, ...]
+    return tokens, stats, seconds
+
+
+def summarise(tokens, stats, seconds, baseline_tps, block_size: int | None = None) -> dict:
+    new = sum(len(t) for t in tokens)
+    steps = int(stats["steps"].sum())
+    tps = new / seconds if seconds else float("nan")
+    per_prompt = stats["committed"] / np.maximum(stats["steps"], 1)
+    drafted_pairs = steps * (block_size - 2) if block_size and block_size > 2 else 0
+    return {
+        # mean over all verification steps of all prompts (tokens committed per target pass)
+        "tau": float(stats["committed"].sum() / steps) if steps else float("nan"),
+        # mean over prompts of each prompt's tau, as the official DFlash benchmark reports it
+        "tau_per_prompt_mean": round(float(per_prompt.mean()), 4),
+        "accept_per_position": (stats["accepted_at"].sum(0) / steps).round(4).tolist() if steps else [],
+        "tokens_per_s": round(tps, 2), "speedup": round(tps / baseline_tps, 3) if baseline_tps else None,
+        "n_prompts": len(tokens), "new_tokens": new, "steps": steps,
+        "mean_iterations": round(float(stats["iterations"].sum()) / steps, 3) if steps else 0.0,
+        # drafted positions whose token repeats the previous drafted token (D-Loop's repetition trap)
+        "repetition_rate": round(float(stats["draft_repeats"].sum()) / drafted_pairs, 4) if drafted_pairs else None,
+    }
+
+
+def markdown(results: dict) -> str:
+    lines = ["| dataset | method | tau | tau (per-prompt mean) | repetition | tokens/s | speedup | lossless |",
+             "|---|---|---|---|---|---|---|---|"]
+    for ds, rows in results.items():
+        for label, r in rows.items():
+            lossless = {True: "yes", False: "NO", None: "-"}[r.get("lossless")]
+            rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
+            lines.append(f"| {ds} | {label} | {r['tau']:.3f} | {r['tau_per_prompt_mean']:.3f} | {rep} | "
+                         f"{r['tokens_per_s']:.1f} | {r['speedup'] if r['speedup'] is not None else '-'} | {lossless} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_methods(config, methods: list[Method]):
+    """The target once, each distinct drafter checkpoint once, and each method's head."""
+    target = build_target(config)
+    drafters = {ckpt: build_drafter(config, target, ckpt) for ckpt in dict.fromkeys(m.checkpoint for m in methods)}
+    models = {}
+    for m in methods:
+        drafter = drafters[m.checkpoint]
+        models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint))
+    return target, models
+
+
+def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = False) -> tuple[dict, int]:
+    """Runs target-only decoding once per dataset and every method against it; writes results.json,
+    results.md and the plots to e['out_dir']. Returns (report, number of lossless failures)."""
+    target, models = build_methods(config, methods)
+    os.makedirs(e["out_dir"], exist_ok=True)
+    questions = {ds: load_questions(ds, e["num_prompts"]) for ds in e["datasets"]}
+    encoded = {ds: encode_prompts(config, q, e["max_prompt_tokens"]) for ds, q in questions.items()}
+    for ds, (prompts, skipped, _) in encoded.items():
+        if not prompts:
+            raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={e['max_prompt_tokens']}")
+    # one padded prompt length for every dataset: one compiled program per decoder setting
+    pad = -(-max(len(p) for prompts, _, _ in encoded.values() for p in prompts) // 64) * 64
+    results, sweep, skipped_long, failures = {}, {}, {}, 0
+    for ds in e["datasets"]:
+        prompts, skipped_long[ds], e["stop_ids"] = encoded[ds]
+        base_tokens, base_stats, base_s = run_decoder(SpecModels(target), prompts, "target", e, pad, f"{ds}/target")
+        baseline = summarise(base_tokens, base_stats, base_s, None)
+        results[ds] = {"target": {**baseline, "speedup": 1.0, "accept_per_position": []}}
+        for m in methods:
+            spec = models[m.label]
+            tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, e, pad, f"{ds}/{m.label}")
+            r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], spec.drafter.cfg.block_size)
+            r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
+            if e["time_split"]:
+                r["time_split"] = component_times(spec, prompts[0], decoder=m.decoder,
+                                                  max_new_tokens=e["max_new_tokens"], max_iters=e["max_iters"],
+                                                  early_stop=e["early_stop"], top_k=e["top_k"], pad_multiple=pad)
+            if check_lossless and e["temperature"] == 0:
+                mismatches = sum(a != b for a, b in zip(tokens, base_tokens))
+                r["lossless"] = mismatches == 0
+                failures += mismatches
+            results[ds][m.label] = r
+            log.info("%s / %s: tau %.3f, %.1f tokens/s, speedup %s", ds, m.label, r["tau"], r["tokens_per_s"],
+                     r["speedup"])
+            if m.decoder == "xpress" and e["candidate_k"] > 0 and e["temperature"] == 0 and e["top_k"] == 0:
+                # candidate mode against the exact refiner at the same K, on these drafts
+                cand = candidate_agreement(spec, list(zip(prompts, base_tokens)), max_iters=e["max_iters"],
+                                           early_stop=e["early_stop"], top_k=e["candidate_k"])
+                _, st_c, _ = run_decoder(spec, prompts, "xpress", {**e, "top_k": e["candidate_k"]}, pad,
+                                         f"{ds}/{m.label} top-{e['candidate_k']}")
+                cand.update(tau=float(st_c["committed"].sum() / st_c["steps"].sum()), tau_exact=r["tau"])
+                r["candidate"] = cand
+            if m.decoder == "xpress" and e["jacobi_k"]:
+                sweep.setdefault(ds, {})[m.label] = {}
+                for k in e["jacobi_k"]:
+                    _, st_k, _ = run_decoder(spec, prompts, "xpress", {**e, "max_iters": int(k)}, pad,
+                                             f"{ds}/{m.label} K={k}")
+                    sweep[ds][m.label][str(k)] = float(st_k["committed"].sum() / st_k["steps"].sum())
+    report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind,
+              "settings": {k: v for k, v in e.items() if k != "stop_ids"},
+              "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None} for m in methods},
+              **describe_checkpoint(methods[0].checkpoint if len({m.checkpoint for m in methods}) == 1 else ""),
+              "skipped_long_prompts": skipped_long, "results": results, "jacobi_sweep": sweep}
+    write_outputs(report, e["out_dir"])
+    return report, failures
+
+
+def write_outputs(report: dict, out_dir: str) -> None:
+    results, sweep = report["results"], report["jacobi_sweep"]
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(markdown(results))
+    plots.acceptance_per_position({ds: {h: r for h, r in v.items() if h != "target"} for ds, v in results.items()},
+                                  os.path.join(out_dir, "acceptance.png"))
+    if sweep:
+        reference = {ds: {h: r["tau"] for h, r in v.items() if h != "target" and r.get("decoder") != "xpress"}
+                     for ds, v in results.items()}
+        plots.tau_against_k(sweep, reference, os.path.join(out_dir, "tau_vs_k.png"))
+
+
+
+
+def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[int]]], *, max_iters: int,
+                        early_stop: bool, top_k: int, max_blocks: int = 64) -> dict:
+    """How often candidate mode (top-k) drafts what the exact refiner drafts, on the drafter's real
+    blocks: for each (prompt, target output) the drafter proposes a block at every position of the
+    output (the training-mode anchored pass), and both refiners solve it with the same K."""
+    from xpress_jax.decoding.refine import refine_block
+    from xpress_jax.models.drafter import block_inputs
+    target, drafter, head = spec.target, spec.drafter, spec.head
+    block = drafter.cfg.block_size
+    feat = tuple(drafter.cfg.target_layer_ids)
+
+    @jax.jit
+    def both(ids, anchors):  # ids [1, T]; anchors [1, A]
+        taps = target(ids, tap_layers=feat, return_logits=False).taps  # [1, T, n_feat, hidden]
+        tokens = block_inputs(jnp.take_along_axis(ids, anchors, 1), block, drafter.cfg.mask_token_id)
+        h = drafter.train_blocks(taps, target.embed(tokens), anchors)[0, :, 1:]  # [A, n, hidden]
+        s = target.logits(h)  # [A, n, vocab]
+        last = jnp.take_along_axis(ids, anchors, 1)[0]
+        exact = refine_block("xpress", head, s, h, last, target.embed, max_iters=max_iters, early_stop=early_stop)
+        cand = refine_block("xpress", head, s, h, last, target.embed, max_iters=max_iters, early_stop=early_stop,
+                            top_k=top_k)
+        same = exact.tokens == cand.tokens  # [A, n]
+        return jnp.sum(same, -1), jnp.all(same, -1)  # per anchor
+
+    agree = blocks = positions = whole = 0
+    for prompt, output in sequences:
+        ids = np.asarray(prompt + output, np.int32)
+        starts = np.arange(len(prompt) - 1, len(ids) - 1)[:max_blocks]  # the anchors the decoder would see
+        if not len(starts):
+            continue
+        pad = -(-len(ids) // 64) * 64  # a few compiled shapes, not one per sequence
+        ids_p = np.zeros((1, pad), np.int32)
+        ids_p[0, :len(ids)] = ids
+        anchors = np.full((1, max_blocks), starts[-1], np.int32)
+        anchors[0, :len(starts)] = starts
+        a, w = both(jnp.asarray(ids_p), jnp.asarray(anchors))
+        agree += int(np.asarray(a)[:len(starts)].sum())  # padded anchors (repeats of the last) not counted
+        whole += int(np.asarray(w)[:len(starts)].sum())
+        positions += len(starts) * (block - 1)
+        blocks += len(starts)
+    return {"top_k": top_k, "max_iters": max_iters, "blocks": blocks,
+            "token_agreement": round(agree / positions, 5) if positions else None,
+            "block_agreement": round(whole / blocks, 5) if blocks else None}
