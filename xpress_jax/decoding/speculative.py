@@ -168,13 +168,14 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
             ctx = drafter.extend_context(ctx, verify.taps, num_new=produced)
         last = jnp.where(produced > 0, _row(new, jnp.maximum(produced - 1, 0)), last)
         counted = active.astype(jnp.int32)
+        rows, trace_at = jnp.arange(batch), jnp.minimum(stats.steps, max_new - 1)
         stats = DecodeStats(
             steps=stats.steps + counted, committed=stats.committed + produced,
             accepted_at=stats.accepted_at + counted[:, None] * (acc[:, None] > jnp.arange(n)[None, :]),
             iterations=stats.iterations + counted * iterations,
             draft_repeats=stats.draft_repeats + counted * jnp.sum(draft[:, 1:] == draft[:, :-1], axis=1),
-            per_step=jnp.where(active[:, None] & (jnp.arange(max_new)[None, :] == stats.steps[:, None]),
-                               produced[:, None], stats.per_step))
+            per_step=stats.per_step.at[rows, trace_at].set(
+                jnp.where(active, produced, stats.per_step[rows, trace_at])))  # one slot, not the row
         return tcache, ctx, last, buf, n_out, done, key, stats
 
     init = (out.cache, ctx, first, buf, jnp.ones((batch,), jnp.int32), done, key, stats)
