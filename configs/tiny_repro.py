@@ -1,9 +1,10 @@
 """The tiny reproduction (python -m xpress_jax.reproduce): a 3.0M-parameter Qwen3 target trained
 here from scratch on GSM8K + standard-library code with a 2,048-token BPE, then a 2-layer DFlash
-drafter and the causal heads trained for it, all on a 2-core CPU in about half an hour.
+drafter, the causal heads and D-Loop trained for it, all on a 2-core CPU in about two hours (each
+stage's wall time is in benchmarks/tiny/results.json).
 
-The shapes follow the bar in the issue that asked for it: target 6 layers (width 192, so that ~12 minutes see about one epoch); drafter
-2 layers; heads of rank 64. Stage budgets are in `reproduce`.
+The shapes follow the bar in the issue that asked for it: target 6 layers (width 192, so that ~12
+minutes see about one epoch); drafter 2 layers; heads of rank 64. Stage budgets are in `reproduce`.
 """
 
 import ml_collections
@@ -25,14 +26,16 @@ def get_config() -> ml_collections.ConfigDict:
         data={"max_len": 384},
         mesh_shape=(-1, 1, 1),
         evaluation={"datasets": ("gsm8k", "humaneval", "mt_bench", "alpaca"), "num_prompts": 16,
-                    "max_new_tokens": 192, "jacobi_k": (1, 2, 4, 8, 15), "candidate_k": 8, "time_split": False},
+                    "max_new_tokens": 192, "jacobi_k": (1, 2, 4, 8, 15), "candidate_k": 8, "time_split": False,
+                    "dloop_branches": (1, 4)},
         dtype="float32", target_param_dtype="float32")
     config.reproduce = ml_collections.ConfigDict({
         "out_dir": "runs/repro",
         "regen_records": 1024,  # train questions the target answers greedily (the drafter's data)
         "regen_batch_size": 64, "regen_max_new_tokens": 192,
         "drafter_steps": 240,  # the DFlash drafter alone
-        "head_steps": 100,  # each head run (XPress co-adapted, XPress frozen, Markov, GRU)
+        "head_steps": 100,  # each run from dflash/ (XPress co-adapted, XPress frozen, Markov, GRU, D-Loop)
+        # and dloop+xpress (its refiner on the frozen D-Loop drafter)
         "temperatures": (0.0, 1.0),
     })
     return config

@@ -1,9 +1,12 @@
 """Tiny models for speculative-decoding tests: random ones (low acceptance) and hand-built ones
-whose drafts the target accepts (near) completely."""
+whose drafts the target accepts (near) completely; the exact target law and the chi-square test
+that sampling tests compare against."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from scipy import stats
 
 from xpress_jax.decoding.speculative import SpecModels
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
@@ -96,3 +99,23 @@ def zero_logit_models(block=BLOCK):
     models.target.norm.weight.set_value(jnp.zeros_like(models.target.norm.weight[...]))
     models.drafter.norm.weight.set_value(jnp.zeros_like(models.drafter.norm.weight[...]))
     return models
+
+
+def exact_first_two(target, prompt, temperature):
+    """P(t1, t2) of the target: [vocab, vocab]."""
+    vocab = target.cfg.vocab_size
+    p1 = jax.nn.softmax(target(jnp.asarray([prompt])).logits[0, -1] / temperature)
+    seqs = jnp.asarray([prompt + [t] for t in range(vocab)])
+    p2 = jax.nn.softmax(target(seqs).logits[:, -1] / temperature, axis=-1)
+    return np.asarray(p1[:, None] * p2, np.float64)
+
+
+def chi_square_p(counts, expected_prob):
+    n = counts.sum()
+    expected = expected_prob.ravel() * n
+    observed = counts.ravel().astype(np.float64)
+    small = expected < 5  # pool rare cells so the chi-square approximation holds
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    keep = exp > 0
+    return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue

@@ -187,3 +187,19 @@ def test_writer_output_reads_in_official_safetensors(tmp_path):
     for k in arrays:
         np.testing.assert_array_equal(back[k], arrays[k])
     assert not os.path.exists(tmp_path / "x.safetensors.tmp")
+
+
+def test_head_checkpoint_round_trip(tmp_path):
+    from flax import nnx
+
+    from xpress_jax.checkpoints.heads import load_head, save_head
+    from xpress_jax.models.heads import MarkovHead, XPressRefiner
+    head = MarkovHead(vocab_size=20, rank=4, rngs=nnx.Rngs(0))
+    path = save_head(head, str(tmp_path), "markov")
+    from xpress_jax.checkpoints.safetensors_io import SafetensorsFile
+    assert sorted(SafetensorsFile(path).keys()) == ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+    back = load_head(nnx.eval_shape(lambda: MarkovHead(vocab_size=20, rank=4, rngs=nnx.Rngs(1))), str(tmp_path), "markov")
+    np.testing.assert_array_equal(np.asarray(back.markov_w1[...]), np.asarray(head.markov_w1[...]))
+    with pytest.raises(CheckpointError, match="no xpress head"):
+        load_head(nnx.eval_shape(lambda: XPressRefiner(vocab_size=20, hidden_size=8, num_positions=3, rank=4,
+                                                       rngs=nnx.Rngs(0))), str(tmp_path), "xpress")

@@ -1,18 +1,16 @@
-"""The eval command end to end on tiny models, the question sets, and head checkpoints."""
+"""The eval command end to end on tiny models, per-method checkpoints, the question sets."""
 
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from test_tools import last_json, run  # noqa: F401  (same subprocess helper)
-from xpress_jax.checkpoints.heads import load_head, save_head
+from cli_helpers import run
+from xpress_jax.checkpoints.heads import save_head
 from xpress_jax.data.questions import BENCHMARKS, load_questions
-from xpress_jax.errors import CheckpointError, DataError
-from xpress_jax.models.heads import MarkovHead, XPressRefiner
+from xpress_jax.errors import DataError
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
@@ -35,18 +33,6 @@ def test_question_files_and_errors(tmp_path):
         load_questions(str(tmp_path / "bad.jsonl"))
 
 
-def test_head_checkpoint_round_trip(tmp_path):
-    head = MarkovHead(vocab_size=20, rank=4, rngs=nnx.Rngs(0))
-    path = save_head(head, str(tmp_path), "markov")
-    from xpress_jax.checkpoints.safetensors_io import SafetensorsFile
-    assert sorted(SafetensorsFile(path).keys()) == ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
-    back = load_head(nnx.eval_shape(lambda: MarkovHead(vocab_size=20, rank=4, rngs=nnx.Rngs(1))), str(tmp_path), "markov")
-    np.testing.assert_array_equal(np.asarray(back.markov_w1[...]), np.asarray(head.markov_w1[...]))
-    with pytest.raises(CheckpointError, match="no xpress head"):
-        load_head(nnx.eval_shape(lambda: XPressRefiner(vocab_size=20, hidden_size=8, num_positions=3, rank=4,
-                                                       rngs=nnx.Rngs(0))), str(tmp_path), "xpress")
-
-
 def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
     """Random tiny drafter and heads saved as a checkpoint, evaluated with --check_lossless."""
     from xpress_jax.assemble import build_models
@@ -59,19 +45,21 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
     for name, head in heads.items():
         save_head(head, str(ckpt), name)
     out = tmp_path / "eval"
-    r = run("xpress_jax.eval", f"--checkpoint={ckpt}", "--heads=dflash,markov,xpress", "--datasets=gsm8k,mt_bench",
-            "--num_prompts=2", "--max_new_tokens=5", "--check_lossless", f"--out={out}",
-            "--config.eval.jacobi_k=(1, 3)", timeout=900)
+    r = run("xpress_jax.eval", f"--checkpoint={ckpt}", "--heads=dflash,markov,xpress,dloop+xpress",
+            "--dloop_branches=2", "--datasets=gsm8k", "--num_prompts=2", "--max_new_tokens=5",
+            "--check_lossless", f"--out={out}", "--config.eval.jacobi_k=(1, 3)", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     assert report["checkpoint"] == str(ckpt) and report["drafter_config"]["architectures"] == ["DFlashDraftModel"]
-    for ds in ("gsm8k", "mt_bench"):
-        for head in ("target", "dflash", "markov", "xpress"):
+    for ds in ("gsm8k",):
+        for head in ("target", "dflash", "markov", "xpress", "dloop+xpress.K2"):
             r_h = report["results"][ds][head]
             assert r_h["n_prompts"] == 2 and r_h["new_tokens"] == 10 and r_h["tau"] >= 1.0
             assert r_h["tokens_per_s"] > 0 and r_h["speedup"] > 0
         assert len(report["results"][ds]["xpress"]["accept_per_position"]) == 15
         assert report["results"][ds]["xpress"]["lossless"] is True
+        loop = report["results"][ds]["dloop+xpress.K2"]
+        assert loop["lossless"] is True and loop["branches"] == 2 and loop["time_split"]["draft_s"] > 0
         assert set(report["results"][ds]["xpress"]["time_split"]) == {"prefill_s", "draft_s", "refine_s", "verify_s"}
         assert set(report["jacobi_sweep"][ds]["xpress"]) == {"1", "3"}
         assert report["results"][ds]["xpress"]["tau_per_prompt_mean"] >= 1.0
@@ -82,7 +70,8 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
 
 def test_eval_cli_rejects_unknown_head(tmp_path):
     r = run("xpress_jax.eval", "--heads=medusa", f"--out={tmp_path}")
-    assert r.returncode == 2 and "unknown heads ['medusa']" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "eval.heads=['medusa']: expected a tuple of decoders from dflash, markov, gru, xpress, dloop" in r.stderr
 
 
 def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tmp_path):
@@ -121,6 +110,15 @@ def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
         Method("dflash", "dflash", str(a)), Method("xpress.frozen", "xpress", str(b)), Method("xpress", "xpress", str(a))]
     assert parse_methods(None, ["dflash", "markov"], str(a)) == [Method("dflash", "dflash", str(a)),
                                                                  Method("markov", "markov", str(a))]
+    # D-Loop methods once per K; K = 1 keeps the label
+    assert parse_methods([f"dloop={a}", f"dflash={a}"], [], "", branches=(1, 4)) == [
+        Method("dloop", "dloop", str(a), 1), Method("dloop.K4", "dloop", str(a), 4), Method("dflash", "dflash", str(a))]
+    assert parse_methods(None, ["dloop+xpress"], str(a), branches=(2,)) == [
+        Method("dloop+xpress.K2", "dloop+xpress", str(a), 2)]
+    with pytest.raises(InputError, match="dloop_branches must be positive"):
+        parse_methods([f"dloop={a}"], [], "", branches=(0,))
+    with pytest.raises(InputError, match="labels repeat"):
+        parse_methods([f"dloop={a}", f"dloop.K2={b}"], [], "", branches=(1, 2))
     for bad, message in (([f"medusa={a}"], "'medusa' is not a decoder"), (["dflash"], "expected LABEL=DIR"),
                          ([f"dflash={tmp_path / 'nope'}"], "does not exist"),
                          ([f"dflash={a}", f"dflash={b}"], "repeats a label")):
@@ -131,6 +129,14 @@ def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
 def test_eval_cli_refuses_a_bad_checkpoints_flag(tmp_path):
     r = run("xpress_jax.eval", f"--checkpoints=target={tmp_path}", f"--out={tmp_path / 'o'}")
     assert r.returncode == 2 and "'target' is not a decoder" in r.stderr and "Traceback" not in r.stderr
+    heads_only = tmp_path / "heads_only"  # D-Loop runs the drafter twice: heads alone are not enough
+    (heads_only / "heads").mkdir(parents=True)
+    (heads_only / "heads" / "xpress.safetensors").write_bytes(b"")
+    r = run("xpress_jax.eval", f"--checkpoints=dloop={heads_only}", f"--out={tmp_path / 'o'}")
+    assert r.returncode == 2 and "no config.json (expected a DFlash drafter directory)" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run("xpress_jax.eval", "--heads=dloop", "--dloop_branches=two", f"--out={tmp_path / 'o'}")
+    assert r.returncode == 2 and "--dloop_branches: expected integers" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_the_eval_target_of_the_8b_config_is_held_in_bf16():

@@ -69,7 +69,7 @@ def drafter_run(tmp_path_factory):
 
 def test_export_any_step_loads_in_the_official_dflash_package(drafter_run, tmp_path):
     from dflash import model as dflash_model
-    from test_tools import last_json, run
+    from cli_helpers import last_json, run
     from xpress_jax.checkpoints.safetensors_io import SafetensorsFile
     r = run("xpress_jax.export", f"--run={drafter_run}", "--step=2", f"--out={tmp_path / 'step2'}", "--dtype=float32")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -93,7 +93,7 @@ def test_export_any_step_loads_in_the_official_dflash_package(drafter_run, tmp_p
 
 
 def test_export_errors_are_one_line(drafter_run, tmp_path):
-    from test_tools import run
+    from cli_helpers import run
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     (tmp_path / "a_file").write_text("x")

@@ -6,35 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
-
-V, H, N, R = 60, 12, 9, 8
-
-
-def randomised(module, seed):
-    """Every parameter redrawn from N(0, 1): the zero/identity inits would hide bugs."""
-    keys = iter(jax.random.split(jax.random.key(seed), 64))
-    for _, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
-        var.set_value(0.5 * jax.random.normal(next(keys), var.shape))
-    return module
-
-
-def make_head(name, seed=0):
-    kw = dict(vocab_size=V, hidden_size=H, rngs=nnx.Rngs(seed))
-    if name == "xpress":
-        head = XPressRefiner(num_positions=N, rank=R, **kw)
-    elif name == "markov":
-        head = MarkovHead(rank=R, **kw)
-    else:
-        head = GRUHead(gru_hidden=R, proj_dim=R, **kw)
-    return randomised(head, seed)
-
-
-def inputs(seed, batch=3):
-    k = jax.random.split(jax.random.key(100 + seed), 4)
-    embed_table = jax.random.normal(k[0], (V, H))
-    return (jax.random.normal(k[1], (batch, N, V)), jax.random.normal(k[2], (batch, N, H)),
-            jax.random.randint(k[3], (batch, N), 0, V), lambda ids: jnp.take(embed_table, ids, axis=0))
+from head_fixtures import H, N, R, V, inputs, make_head
+from xpress_jax.models.heads import XPressRefiner
 
 
 @pytest.mark.parametrize("name", ["xpress", "markov", "gru"])

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_heads import N, V, inputs, make_head
+from head_fixtures import N, V, inputs, make_head
 from xpress_jax.decoding.jacobi import (candidate_agreement, jacobi_solve, pick_from, sequential_solve,
                                         top_k_candidates)
 
@@ -80,6 +80,7 @@ def test_candidate_mode_with_every_token_equals_full_vocabulary(seed):
 
 def test_refine_block_dispatches_every_head():
     from xpress_jax.decoding.refine import refine_block
+    from xpress_jax.decoding.settings import DecodeSettings
     from xpress_jax.errors import InputError
     s, h, _, embed = inputs(5)
     anchor = jnp.array([4, 5, 6])
@@ -92,12 +93,12 @@ def test_refine_block_dispatches_every_head():
         np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(expect))
     head = make_head("xpress", 5)
     exact = sequential_solve(lambda prev: head(s, h, prev), anchor, N)
-    got = refine_block("xpress", head, s, h, anchor, max_iters=N)
+    got = refine_block("xpress", head, s, h, anchor, settings=DecodeSettings(max_iters=N))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(exact.tokens))
-    cand = refine_block("xpress", head, s, h, anchor, max_iters=N, top_k=V)
+    cand = refine_block("xpress", head, s, h, anchor, settings=DecodeSettings(max_iters=N, top_k=V))
     np.testing.assert_array_equal(np.asarray(cand.tokens), np.asarray(exact.tokens))
     np.testing.assert_allclose(np.asarray(cand.logits), np.asarray(got.logits), atol=1e-4)
-    few = refine_block("xpress", head, s, h, anchor, max_iters=N, top_k=3)
+    few = refine_block("xpress", head, s, h, anchor, settings=DecodeSettings(max_iters=N, top_k=3))
     assert np.isinf(np.asarray(few.logits)).sum(-1).min() == V - 3
     with pytest.raises(InputError, match="unknown head"):
         refine_block("medusa", None, s, h, anchor)

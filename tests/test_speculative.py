@@ -1,13 +1,11 @@
 """Speculative decoding is lossless: greedy output equals target-only output token for token,
 and sampling preserves the target's distribution (chi-square)."""
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
-from spec_fixtures import BLOCK, counting_models, random_models, zero_logit_models
+from spec_fixtures import BLOCK, chi_square_p, counting_models, exact_first_two, random_models, zero_logit_models
+from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import ConfigError, InputError
 
@@ -70,26 +68,6 @@ def test_full_acceptance_with_the_bare_drafter():
     assert (out.stats["draft_repeats"] == out.stats["steps"] * (BLOCK - 2)).all()  # an all-0 draft repeats itself
 
 
-def exact_first_two(target, prompt, temperature):
-    """P(t1, t2) of the target: [vocab, vocab]."""
-    vocab = target.cfg.vocab_size
-    p1 = jax.nn.softmax(target(jnp.asarray([prompt])).logits[0, -1] / temperature)
-    seqs = jnp.asarray([prompt + [t] for t in range(vocab)])
-    p2 = jax.nn.softmax(target(seqs).logits[:, -1] / temperature, axis=-1)
-    return np.asarray(p1[:, None] * p2, np.float64)
-
-
-def chi_square_p(counts, expected_prob):
-    n = counts.sum()
-    expected = expected_prob.ravel() * n
-    observed = counts.ravel().astype(np.float64)
-    small = expected < 5  # pool rare cells so the chi-square approximation holds
-    obs = np.append(observed[~small], observed[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    keep = exp > 0
-    return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
-
-
 @pytest.mark.parametrize("case", ["bad_draft_dflash", "bad_draft_xpress", "good_draft_markov"])
 def test_sampling_preserves_the_target_distribution(case):
     temperature = 1.0
@@ -134,6 +112,19 @@ def test_bad_requests_get_clear_errors():
         generate(models, PROMPTS, decoder="xpress")
     with pytest.raises(InputError, match="token ids must lie"):
         generate(models, [[1, 4800]], max_new_tokens=2)
+    # a knob the decoder would silently ignore is refused; one settings object serves many decoders
+    with pytest.raises(InputError, match=r"max_iters=2 would be ignored by decoder 'dflash'; max_iters applies to "
+                                         r"xpress, dloop\+xpress"):
+        generate(models, PROMPTS, decoder="dflash", max_iters=2)
+    with pytest.raises(InputError, match="top_k=8 would be ignored by decoder 'markov'"):
+        generate(random_models("markov"), PROMPTS, decoder="markov", top_k=8)
+    with pytest.raises(InputError, match="unknown decoding options"):
+        generate(models, PROMPTS, decoder="dflash", jacobi=2)
+    knobs = DecodeSettings(max_iters=6, early_stop=False, top_k=8, branches=3)
+    assert knobs.for_decoder("dflash") == DecodeSettings()
+    assert knobs.for_decoder("xpress") == DecodeSettings(max_iters=6, early_stop=False, top_k=8)
+    assert knobs.for_decoder("dloop") == DecodeSettings(branches=3)
+    assert knobs.for_decoder("dloop+xpress") == knobs
     other = random_models("dflash", vocab=64)
     with pytest.raises(ConfigError, match="drafter vocab_size is 64 but the target's is 48"):
         generate(SpecModels(models.target, other.drafter), PROMPTS, max_new_tokens=2)

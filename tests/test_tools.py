@@ -1,26 +1,12 @@
 """The command-line tools, run as a user would run them."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from xpress_jax.tools.param_count import component_counts
+from cli_helpers import ROOT, last_json, run
 from xpress_jax.cli import load_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run(*args, timeout=300):
-    env = dict(os.environ, XLA_FLAGS="")
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=timeout)
-
-
-def last_json(stdout):
-    return json.loads(stdout.strip().splitlines()[-1])
+from xpress_jax.tools.param_count import component_counts
 
 
 def test_param_count_qwen3_8b():

@@ -10,7 +10,7 @@ import os
 from flax import nnx
 
 from xpress_jax.config import drafter_config, dtype, head_kwargs, target_config
-from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.decoding.speculative import HEAD_OF, SpecModels
 from xpress_jax.errors import CheckpointError
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 from xpress_jax.models.heads import HEADS
@@ -52,9 +52,11 @@ def build_drafter(config, target: Qwen3, checkpoint: str = "") -> DFlashDrafter:
     return drafter
 
 
-def build_head(name: str, config, drafter_cfg: DrafterConfig, checkpoint: str = ""):
-    """Head `name` from `checkpoint/heads/NAME.safetensors`, or freshly initialised."""
-    if name in ("target", "dflash"):
+def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str = ""):
+    """The head `decoder` needs (speculative.HEAD_OF), from `checkpoint/heads/NAME.safetensors`, or
+    freshly initialised; None for decoders without one."""
+    name = HEAD_OF[decoder]
+    if name is None:
         return None
     kwargs = head_kwargs(name, config, drafter_cfg)
     make = lambda: HEADS[name](rngs=nnx.Rngs(config.seed + 2), **kwargs, **_dtypes(config))  # noqa: E731

@@ -45,6 +45,7 @@ def _time(fn, reps):
 def bench_heads(reps: int, batch: int, vocab: int, hidden: int) -> dict:
     from xpress_jax.decoding.jacobi import candidate_agreement
     from xpress_jax.decoding.refine import refine_block
+    from xpress_jax.decoding.settings import DecodeSettings
     from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
     n, rank = 15, 256
     keys = jax.random.split(jax.random.key(0), 4)
@@ -59,9 +60,9 @@ def bench_heads(reps: int, batch: int, vocab: int, hidden: int) -> dict:
     x = heads["xpress"]  # give the refiner a non-zero readout so iterations do real work
     x.W_r.set_value(0.05 * jax.random.normal(jax.random.key(9), x.W_r.shape))
 
-    def runner(name, **kw):
-        head = heads.get(name)
-        return jax.jit(lambda s, h, a: refine_block(name, head, s, h, a, embed, **kw))
+    def runner(name, **knobs):
+        head, settings = heads.get(name), DecodeSettings(**knobs)
+        return jax.jit(lambda s, h, a: refine_block(name, head, s, h, a, embed, settings=settings))
 
     variants = {"markov": runner("markov"), "gru": runner("gru")}
     for k in (1, 2, 4, 6, 8):

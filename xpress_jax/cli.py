@@ -17,6 +17,7 @@ from typing import Callable
 import ml_collections
 from absl import app, flags
 
+from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
 
 _REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -40,10 +41,15 @@ def load_config(path: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"config file {path!r} does not exist")
     spec = importlib.util.spec_from_file_location(f"xpress_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ConfigError(f"config file {path}, line {e.lineno}: {e.msg}") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} defines no get_config()")
     config = module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"config file {path}: get_config() returned {type(config).__name__}, not a ConfigDict")
     config.lock()
     return config
 
@@ -150,6 +156,7 @@ def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str |
             config = load_config(flags.FLAGS.config)
             for key, value in overrides:
                 apply_override(config, key, value)
+            check_config(config)  # before anything is built or written
             return main(config)
         except (XpressError, FileNotFoundError) as e:
             _fail(str(e))

@@ -83,6 +83,9 @@ def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.
         "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.0, "trainable": "all", "heads": ("xpress",),
         "num_anchors": 512, "anchor_chunk": 32, "remat": True, "log_every": 20, "save_every": 1000, "keep": 3,
         "async_checkpointing": True, "max_bad_steps": 5, "distributed": False, "out_dir": "runs/train",
+        # resuming with a different batch size, lr, seed, data... breaks exact resume and is refused;
+        # True accepts it deliberately (the change is recorded beside the original config.json)
+        "allow_config_change": False,
         # a trained drafter to start from (DFlash layout: ours or a published one) and heads from
         # its heads/ folder where present; empty: random initialisation
         "init_from": "",
@@ -104,6 +107,7 @@ def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.
         "max_prompt_tokens": 1024,
         "time_split": True,  # per-component timings (separately compiled calls)
         "candidate_k": 0,  # > 0: also measure XPress candidate mode (top-k) against the exact refiner
+        "dloop_branches": (1,),  # D-Loop's K: each dloop method is measured at each (label.K4 for K = 4)
         **(evaluation or {})})
     # training the target itself (python -m xpress_jax.pretrain): the tiny reproduction's target
     config.pretrain = ml_collections.ConfigDict({

@@ -19,3 +19,18 @@ class DataError(XpressError):
 
 class InputError(XpressError):
     """A request the decoder cannot serve (empty prompt, prompt longer than the cache, ...)."""
+
+
+def read_json(path: str, error: type[XpressError] = CheckpointError) -> dict:
+    """A JSON object from `path`, or `error` naming the file and what is wrong with it."""
+    import json
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value

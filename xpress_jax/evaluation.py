@@ -22,6 +22,7 @@ from xpress_jax.assemble import build_drafter, build_head, build_target, describ
 from xpress_jax.config import target_config
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.profile import component_times
+from xpress_jax.decoding.settings import LOOP_DECODERS, DecodeSettings
 from xpress_jax.decoding.speculative import DECODERS, SpecModels, generate
 from xpress_jax.errors import InputError
 
@@ -36,15 +37,34 @@ class Method:
     label: str
     decoder: str
     checkpoint: str
+    branches: int = 1  # D-Loop's K (dloop decoders)
 
 
-def parse_methods(checkpoints: list[str] | None, heads: list[str], checkpoint: str) -> list[Method]:
-    """--checkpoints=LABEL=DIR,... or, without it, every --heads from the one --checkpoint."""
+def with_branches(methods: list[Method], branches) -> list[Method]:
+    """Each D-Loop method once per K in `branches`; K > 1 adds .K<k> to the label."""
+    branches = [int(k) for k in branches]
+    if not branches or min(branches) < 1:
+        raise InputError(f"dloop_branches must be positive integers, got {branches}")
+    out = []
+    for m in methods:
+        if m.decoder not in LOOP_DECODERS:
+            out.append(m)
+            continue
+        out += [dataclasses.replace(m, label=m.label if k == 1 else f"{m.label}.K{k}", branches=k) for k in branches]
+    labels = [m.label for m in out]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"method labels repeat once D-Loop branches are added: {labels}")
+    return out
+
+
+def parse_methods(checkpoints: list[str] | None, heads: list[str], checkpoint: str, branches=(1,)) -> list[Method]:
+    """--checkpoints=LABEL=DIR,... or, without it, every --heads from the one --checkpoint; D-Loop
+    methods once per K in `branches`."""
     if not checkpoints:
         bad = [h for h in heads if h not in SPEC_DECODERS]
         if bad:
             raise InputError(f"unknown heads {bad}; choose from {', '.join(SPEC_DECODERS)}")
-        return [Method(h, h, checkpoint) for h in heads]
+        return with_branches([Method(h, h, checkpoint) for h in heads], branches)
     methods = []
     for item in checkpoints:
         label, eq, path = item.partition("=")
@@ -60,7 +80,7 @@ def parse_methods(checkpoints: list[str] | None, heads: list[str], checkpoint: s
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
         raise InputError(f"--checkpoints repeats a label: {labels}")
-    return methods
+    return with_branches(methods, branches)
 
 
 def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tuple[list[list[int]], int, list[int]]:
@@ -77,10 +97,10 @@ def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tupl
     return kept, len(encoded) - len(kept), stops
 
 
-def run_decoder(models, prompts, decoder, e, pad, desc):
+def run_decoder(models, prompts, decoder, e, pad, desc, branches: int = 1):
     """Decodes every prompt (in batches); returns tokens, per-prompt stats and seconds (compile excluded)."""
     kw = dict(decoder=decoder, max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], seed=e["seed"],
-              max_iters=e["max_iters"], early_stop=e["early_stop"], top_k=e["top_k"], pad_multiple=pad,
+              settings=DecodeSettings.from_eval(e, branches).for_decoder(decoder), pad_multiple=pad,
               stop_ids=e["stop_ids"])
     bs = e["batch_size"]
     generate(models, prompts[:bs], **kw)  # compile outside the timing
@@ -158,13 +178,15 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
         results[ds] = {"target": {**baseline, "speedup": 1.0, "accept_per_position": []}}
         for m in methods:
             spec = models[m.label]
-            tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, e, pad, f"{ds}/{m.label}")
+            tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, e, pad, f"{ds}/{m.label}", m.branches)
             r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], spec.drafter.cfg.block_size)
             r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
+            if m.decoder in LOOP_DECODERS:
+                r["branches"] = m.branches
             if e["time_split"]:
-                r["time_split"] = component_times(spec, prompts[0], decoder=m.decoder,
-                                                  max_new_tokens=e["max_new_tokens"], max_iters=e["max_iters"],
-                                                  early_stop=e["early_stop"], top_k=e["top_k"], pad_multiple=pad)
+                r["time_split"] = component_times(
+                    spec, prompts[0], decoder=m.decoder, max_new_tokens=e["max_new_tokens"], pad_multiple=pad,
+                    settings=DecodeSettings.from_eval(e, m.branches).for_decoder(m.decoder))
             if check_lossless and e["temperature"] == 0:
                 mismatches = sum(a != b for a, b in zip(tokens, base_tokens))
                 r["lossless"] = mismatches == 0
@@ -174,8 +196,8 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
                      r["speedup"])
             if m.decoder == "xpress" and e["candidate_k"] > 0 and e["temperature"] == 0 and e["top_k"] == 0:
                 # candidate mode against the exact refiner at the same K, on these drafts
-                cand = candidate_agreement(spec, list(zip(prompts, base_tokens)), max_iters=e["max_iters"],
-                                           early_stop=e["early_stop"], top_k=e["candidate_k"])
+                cand = candidate_agreement(spec, list(zip(prompts, base_tokens)), DecodeSettings.from_eval(e),
+                                           top_k=e["candidate_k"])
                 _, st_c, _ = run_decoder(spec, prompts, "xpress", {**e, "top_k": e["candidate_k"]}, pad,
                                          f"{ds}/{m.label} top-{e['candidate_k']}")
                 cand.update(tau=float(st_c["committed"].sum() / st_c["steps"].sum()), tau_exact=r["tau"])
@@ -188,7 +210,9 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
                     sweep[ds][m.label][str(k)] = float(st_k["committed"].sum() / st_k["steps"].sum())
     report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind,
               "settings": {k: v for k, v in e.items() if k != "stop_ids"},
-              "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None} for m in methods},
+              "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,
+                                    **({"branches": m.branches} if m.decoder in LOOP_DECODERS else {})}
+                          for m in methods},
               **describe_checkpoint(methods[0].checkpoint if len({m.checkpoint for m in methods}) == 1 else ""),
               "skipped_long_prompts": skipped_long, "results": results, "jacobi_sweep": sweep}
     write_outputs(report, e["out_dir"])
@@ -211,8 +235,8 @@ def write_outputs(report: dict, out_dir: str) -> None:
 
 
 
-def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[int]]], *, max_iters: int,
-                        early_stop: bool, top_k: int, max_blocks: int = 64) -> dict:
+def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[int]]], settings: DecodeSettings, *,
+                        top_k: int, max_blocks: int = 64) -> dict:
     """How often candidate mode (top-k) drafts what the exact refiner drafts, on the drafter's real
     blocks: for each (prompt, target output) the drafter proposes a block at every position of the
     output (the training-mode anchored pass), and both refiners solve it with the same K."""
@@ -229,9 +253,8 @@ def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[
         h = drafter.train_blocks(taps, target.embed(tokens), anchors)[0, :, 1:]  # [A, n, hidden]
         s = target.logits(h)  # [A, n, vocab]
         last = jnp.take_along_axis(ids, anchors, 1)[0]
-        exact = refine_block("xpress", head, s, h, last, target.embed, max_iters=max_iters, early_stop=early_stop)
-        cand = refine_block("xpress", head, s, h, last, target.embed, max_iters=max_iters, early_stop=early_stop,
-                            top_k=top_k)
+        exact = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=0))
+        cand = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=top_k))
         same = exact.tokens == cand.tokens  # [A, n]
         return jnp.sum(same, -1), jnp.all(same, -1)  # per anchor
 
@@ -251,6 +274,6 @@ def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[
         whole += int(np.asarray(w)[:len(starts)].sum())
         positions += len(starts) * (block - 1)
         blocks += len(starts)
-    return {"top_k": top_k, "max_iters": max_iters, "blocks": blocks,
+    return {"top_k": top_k, "max_iters": settings.max_iters, "blocks": blocks,
             "token_agreement": round(agree / positions, 5) if positions else None,
             "block_agreement": round(whole / blocks, 5) if blocks else None}

@@ -69,7 +69,7 @@ def prepare_output(out: str, overwrite: bool) -> None:
 
 def export_drafter_run(run: str, config, out: str, *, step: int | None, dtype_name: str, with_target: bool) -> dict:
     from xpress_jax.config import dtype
-    from xpress_jax.training.checkpointing import restore_run_step
+    from xpress_jax.training.state_checkpoints import restore_run_step
     from xpress_jax.training.trainer import Setup, export, host_params
     setup = Setup(config, abstract=True)
     step, state = restore_run_step(run, step, setup.abstract_state)

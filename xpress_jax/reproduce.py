@@ -11,6 +11,8 @@ Stages (one subdirectory of OUT each, done when it holds DONE.json):
   xpress/         drafter (from dflash/) + XPress refiner trained together: the co-adapted drafter
   xpress.frozen/  the XPress refiner on the frozen dflash/ drafter
   markov/, gru/   the serial baselines on the frozen dflash/ drafter, same budget
+  dloop/          the drafter (from dflash/) fine-tuned with D-Loop's prefix-suffix objective
+  dloop+xpress/   an XPress refiner on the frozen dloop/ drafter (D-Loop's branches, then Jacobi)
   eval/           every method against target-only decoding at each temperature
 Then OUT/results.json and OUT/table.md gather the figures and each stage's wall time.
 """
@@ -34,15 +36,22 @@ flags.DEFINE_list("stages", None, "Run only these stages (default: all, in order
 flags.DEFINE_string("publish", "", "Also copy the results, table and plots to this directory (e.g. benchmarks/tiny).")
 FLAGS = flags.FLAGS
 
-HEAD_STAGES = {  # stage -> (train.heads, train.trainable)
-    "xpress": (("xpress",), "all"),
-    "xpress.frozen": (("xpress",), "heads"),
-    "markov": (("markov",), "heads"),
-    "gru": (("gru",), "heads"),
+# stage -> how it trains: budget (a `reproduce` field), what trains, which heads, the stage it
+# starts from (its export) and loss overrides
+TRAIN_STAGES = {
+    "dflash": dict(steps="drafter_steps", trainable="drafter", heads=(), init=None, loss={}),
+    "xpress": dict(steps="head_steps", trainable="all", heads=("xpress",), init="dflash", loss={}),
+    "xpress.frozen": dict(steps="head_steps", trainable="heads", heads=("xpress",), init="dflash", loss={}),
+    "markov": dict(steps="head_steps", trainable="heads", heads=("markov",), init="dflash", loss={}),
+    "gru": dict(steps="head_steps", trainable="heads", heads=("gru",), init="dflash", loss={}),
+    # D-Loop: the same drafter, fine-tuned with the complementary prefix-suffix objective
+    "dloop": dict(steps="head_steps", trainable="drafter", heads=(), init="dflash", loss={"dloop": 1.0}),
+    # the composition neither paper has: an XPress refiner on the frozen D-Loop drafter
+    "dloop+xpress": dict(steps="head_steps", trainable="heads", heads=("xpress",), init="dloop", loss={}),
 }
-STAGES = ("target", "regen", "dflash") + tuple(HEAD_STAGES) + ("eval",)
-NEEDS = {"target": (), "regen": ("target",), "dflash": ("target", "regen"),
-         **{s: ("target", "regen", "dflash") for s in HEAD_STAGES}, "eval": STAGES[:-1]}  # done before a stage
+STAGES = ("target", "regen") + tuple(TRAIN_STAGES) + ("eval",)
+NEEDS = {"target": (), "regen": ("target",), "eval": STAGES[:-1],  # done before a stage
+         **{s: ("target", "regen") + ((t["init"],) if t["init"] else ()) for s, t in TRAIN_STAGES.items()}}
 
 
 def _done_path(run: str, stage: str) -> str:
@@ -70,12 +79,11 @@ def stage_config(config, run: str, stage: str):
         c.data.tokenizer_dir = os.path.join(run, "target")
     c.data.train_files = (os.path.join(run, "regen", "data.jsonl"),)
     c.train.out_dir = os.path.join(run, stage)
-    if stage == "dflash":
-        c.train.update(steps=r.drafter_steps, trainable="drafter", heads=())
-    elif stage in HEAD_STAGES:
-        heads, trainable = HEAD_STAGES[stage]
-        c.train.update(steps=r.head_steps, trainable=trainable, heads=heads,
-                       init_from=os.path.join(run, "dflash", "export"))
+    if stage in TRAIN_STAGES:
+        t = TRAIN_STAGES[stage]
+        c.train.update(steps=r[t["steps"]], trainable=t["trainable"], heads=t["heads"],
+                       init_from=os.path.join(run, t["init"], "export") if t["init"] else "")
+        c.train.loss.update(t["loss"])
     c.lock()
     return c
 
@@ -112,10 +120,11 @@ def regenerate_sample(config, run: str) -> dict:
                       max_new_tokens=r.regen_max_new_tokens, max_prompt_tokens=config.data.max_len - 16)
 
 
-def methods(run: str):
-    from xpress_jax.evaluation import Method
-    return [Method(label, label.split(".")[0], os.path.join(run, label, "export"))
-            for label in ("dflash",) + tuple(HEAD_STAGES)]
+def methods(run: str, dloop_branches=(1,)):
+    """Every trained stage's export as a method; D-Loop ones once per K in eval.dloop_branches."""
+    from xpress_jax.evaluation import Method, with_branches
+    return with_branches([Method(label, label.split(".")[0], os.path.join(run, label, "export"))
+                          for label in TRAIN_STAGES], dloop_branches)
 
 
 def evaluate_all(config, run: str) -> dict:
@@ -125,7 +134,7 @@ def evaluate_all(config, run: str) -> dict:
         e = {**config.eval.to_dict(), "temperature": float(temperature),
              "out_dir": os.path.join(run, "eval", f"T{temperature:g}")}
         e["jacobi_k"] = tuple(e["jacobi_k"]) if temperature == 0 else ()  # the K sweep at T = 0 only
-        report, failures = evaluate(config, methods(run), e, check_lossless=temperature == 0)
+        report, failures = evaluate(config, methods(run, e["dloop_branches"]), e, check_lossless=temperature == 0)
         if failures:
             raise RuntimeError(f"{failures} outputs at temperature 0 differ from target-only decoding")
         out[f"T{temperature:g}"] = report

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from xpress_jax.errors import ConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axes it may be split over, in order of preference
@@ -37,12 +39,14 @@ def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
     devices = list(jax.devices() if devices is None else devices)
     shape = list(shape)
     if shape.count(-1) > 1:
-        raise ValueError(f"mesh shape {shape}: at most one -1")
+        raise ConfigError(f"mesh.shape={tuple(shape)}: at most one -1")
     if -1 in shape:
         rest = math.prod(s for s in shape if s != -1)
+        if len(devices) % rest:
+            raise ConfigError(f"mesh.shape={tuple(shape)}: {len(devices)} devices are not a multiple of {rest}")
         shape[shape.index(-1)] = len(devices) // rest
     if math.prod(shape) > len(devices) or len(devices) % math.prod(shape):
-        raise ValueError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices, have {len(devices)}")
+        raise ConfigError(f"mesh.shape={tuple(shape)} needs {math.prod(shape)} devices, have {len(devices)}")
     if math.prod(shape) < len(devices):
         logging.getLogger(__name__).warning("mesh %s uses %d of %d devices", tuple(shape), math.prod(shape), len(devices))
     return Mesh(np.asarray(devices[:math.prod(shape)]).reshape(shape), MESH_AXES)

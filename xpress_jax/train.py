@@ -33,6 +33,9 @@ def main(config):
     if FLAGS.dry_run:
         print(json.dumps(dry_run(config)))
         return
+    if not (os.environ.get("XPRESS_COORDINATOR") or config.train.distributed):
+        from xpress_jax.sharding import make_mesh
+        make_mesh(tuple(config.mesh.shape))  # a mesh these devices cannot hold: refused before any file is written
     cli.log_to_file(os.path.join(config.train.out_dir, "log.txt"))  # library INFO lines, off the console
     result = train(config)
     print(json.dumps({"step": result["step"], **{k: v for k, v in result["metrics"].items()

@@ -13,7 +13,7 @@ from flax import nnx
 from xpress_jax.checkpoints.hf_qwen3 import layer_rules, load_into, save_from
 from xpress_jax.checkpoints.keymap import KeyRule
 from xpress_jax.checkpoints.safetensors_io import SafetensorsDir
-from xpress_jax.errors import CheckpointError
+from xpress_jax.errors import CheckpointError, ConfigError, read_json
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 
 DRAFTER_RULES: tuple[KeyRule, ...] = (
@@ -31,11 +31,13 @@ def load_drafter(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise CheckpointError(f"{path}: no config.json")
-    with open(config_path) as f:
-        hf = json.load(f)
-    if "DFlashDraftModel" not in hf.get("architectures", []):
+    hf = read_json(config_path)
+    if "DFlashDraftModel" not in (hf.get("architectures") or []):
         raise CheckpointError(f"{config_path}: architectures {hf.get('architectures')} is not DFlashDraftModel")
-    cfg = DrafterConfig.from_hf(hf)
+    try:
+        cfg = DrafterConfig.from_hf(hf, source=config_path)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
     abstract = nnx.eval_shape(lambda: DFlashDrafter(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype))
     return load_into(abstract, drafter_rules(cfg), SafetensorsDir(path), mesh=mesh)
 

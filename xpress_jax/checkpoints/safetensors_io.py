@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 import ml_dtypes
 import numpy as np
 
-from xpress_jax.errors import CheckpointError
+from xpress_jax.errors import CheckpointError, read_json
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -89,8 +89,9 @@ class SafetensorsDir:
         index_path = os.path.join(directory, INDEX_FILE)
         single = os.path.join(directory, SINGLE_FILE)
         if os.path.isfile(index_path):
-            with open(index_path) as f:
-                weight_map: dict[str, str] = json.load(f)["weight_map"]
+            weight_map: dict[str, str] = read_json(index_path).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index_path}: no weight_map object")
             missing = sorted({s for s in weight_map.values()
                               if not os.path.isfile(os.path.join(directory, s))})
             if missing:

@@ -39,6 +39,9 @@ def normalise_messages(record: dict[str, Any]) -> list[dict[str, str]]:
         raise DataError(f"record {record.get('id', '?')!r}: no 'conversations' list")
     messages = []
     for i, t in enumerate(turns):
+        if not isinstance(t, dict):
+            raise DataError(f"record {record.get('id', '?')!r}, turn {i}: a turn must be an object with role and "
+                            f"content, found {type(t).__name__}")
         role = t.get("role", _SHAREGPT_ROLES.get(t.get("from", ""), t.get("from")))
         content = t.get("content", t.get("value"))
         if role not in ROLES or not isinstance(content, str):

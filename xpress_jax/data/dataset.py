@@ -17,38 +17,62 @@ import grain
 import numpy as np
 
 from xpress_jax.data.byte_tokenizer import pad_id
-from xpress_jax.data.chat import conversation_to_ids
+from xpress_jax.data.chat import conversation_to_ids, normalise_messages
 from xpress_jax.errors import DataError
 
-def _as_conversation(record: dict) -> dict:
-    if "conversations" in record or "messages" in record:
-        return record
-    if isinstance(record.get("question"), str) and isinstance(record.get("answer"), str):
-        return {"id": record.get("id"), "conversations": [{"role": "user", "content": record["question"]},
-                                                          {"role": "assistant", "content": record["answer"]}]}
-    raise DataError(f"record {record.get('id', '?')!r}: neither conversations nor question/answer")
+def _as_conversation(record, where: str) -> dict:
+    """A record as {"id", "conversations"}, its turns checked, or a DataError naming `where` (file:line)."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a record must be a JSON object, found {type(record).__name__}")
+    if not ("conversations" in record or "messages" in record):
+        if not (isinstance(record.get("question"), str) and isinstance(record.get("answer"), str)):
+            raise DataError(f"{where}: record {record.get('id', '?')!r} has neither conversations nor "
+                            "question/answer")
+        record = {"id": record.get("id"), "conversations": [{"role": "user", "content": record["question"]},
+                                                             {"role": "assistant", "content": record["answer"]}]}
+    try:
+        normalise_messages(record)  # every record checked before training starts, not mid-run
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+    return record
+
+
+def _json_lines(path: str):
+    """(line number, parsed record) for each non-blank line, with file:line in every error."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{number}: not UTF-8 ({e.reason} at byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{number}: not a JSON line ({e.msg}, column {e.colno})") from None
 
 
 def read_records(paths: Iterable[str]) -> list[dict]:
-    """All records of jsonl(.gz) or .array_record files (JSON per record)."""
+    """All records of jsonl(.gz) or .array_record files (JSON per record), each validated."""
     records = []
+    paths = list(paths)
     for path in paths:
         if not os.path.isfile(path):
             raise DataError(f"data file {path!r} does not exist")
         if path.endswith(".array_record"):
             source = grain.sources.ArrayRecordDataSource([path])
-            rows = (json.loads(source[i]) for i in range(len(source)))
+            for i in range(len(source)):
+                try:
+                    row = json.loads(source[i])
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise DataError(f"{path}: record {i}: not JSON ({e})") from None
+                records.append(_as_conversation(row, f"{path}: record {i}"))
         else:
-            opener = gzip.open if path.endswith(".gz") else open
-            with opener(path, "rt") as f:
-                lines = [line for line in f if line.strip()]
-            try:
-                rows = [json.loads(line) for line in lines]
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: not JSON lines ({e})") from None
-        records.extend(_as_conversation(r) for r in rows)
+            records.extend(_as_conversation(row, f"{path}:{number}") for number, row in _json_lines(path))
     if not records:
-        raise DataError(f"no records in {list(paths)}")
+        raise DataError(f"no records in {paths}")
     return records
 
 
@@ -79,6 +103,10 @@ def make_dataset(records: list[dict], tokenizer, *, max_len: int, batch_size: in
     tok = Tokenize(tokenizer, max_len)
     probe = [tok.map(r) for r in records[:check]]
     if not any(has_anchor(e) for e in probe):
+        cut = sum(has_anchor({"loss_mask": conversation_to_ids(tokenizer, r)[1]}) for r in records[:check])
+        if cut:
+            raise DataError(f"none of the first {len(probe)} records has assistant tokens within data.max_len="
+                            f"{max_len}: in {cut} of them the assistant turn starts past it (raise data.max_len)")
         raise DataError(f"none of the first {len(probe)} records has assistant tokens to train on "
                         f"(check the roles: the loss covers 'assistant' turns)")
     ds = grain.MapDataset.source(records).seed(seed).shuffle()

@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from xpress_jax.decoding.dloop import loop_draft, verify_branches
 from xpress_jax.decoding.refine import refine_block
+from xpress_jax.decoding.settings import LOOP_DECODERS, DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels, pad_prompts
 from xpress_jax.models.drafter import ContextCache, block_inputs
 from xpress_jax.models.qwen3 import KVCache
@@ -28,14 +30,16 @@ def _median_seconds(fn, *args, reps: int) -> float:
 
 
 def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_new_tokens: int,
-                    max_iters: int = 4, early_stop: bool = True, top_k: int = 0, reps: int = 5,
+                    settings: DecodeSettings = DecodeSettings(), reps: int = 5,
                     pad_multiple: int = 1) -> dict[str, float]:
     """Seconds per call: prefill (the prompt), draft (one drafter block + base logits), refine (the
-    head's solve) and verify (one target pass over the block)."""
-    target, drafter = models.target, models.drafter
+    head's solve) and verify (one target pass over the block). For the D-Loop decoders, draft is
+    the engine's whole two-pass draft (with the refiner for dloop+xpress; refine is then 0) and
+    verify the engine's joint pass over the K branches."""
+    drafter = models.drafter
     block = 1 if decoder == "target" else drafter.cfg.block_size
     ids, lengths = pad_prompts([prompt], multiple=pad_multiple)
-    max_len = ids.shape[1] + max_new_tokens + block
+    max_len = ids.shape[1] + max_new_tokens + block * settings.branches
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     graphdef, state = nnx.split(models)
 
@@ -59,8 +63,7 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
     @functools.partial(jax.jit, static_argnums=0)
     def refine(graphdef, state, s, h, last):
         m = nnx.merge(graphdef, state)
-        return refine_block(decoder, m.head, s, h, last, m.target.embed, max_iters=max_iters,
-                            early_stop=early_stop, top_k=top_k).tokens
+        return refine_block(decoder, m.head, s, h, last, m.target.embed, settings=settings).tokens
 
     @functools.partial(jax.jit, static_argnums=0)
     def verify(graphdef, state, tokens, cache):
@@ -68,10 +71,29 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
         out = m.target(tokens, cache=cache, tap_layers=taps)
         return out.logits, out.taps
 
+    @functools.partial(jax.jit, static_argnums=0)
+    def loop_draft_tokens(graphdef, state, last, ctx):
+        m = nnx.merge(graphdef, state)
+        return loop_draft(m.target, m.drafter, ctx, last, settings,
+                          head=m.head if decoder == "dloop+xpress" else None).tokens
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def loop_verify(graphdef, state, last, drafts, cache):
+        m = nnx.merge(graphdef, state)
+        _, acc, nxt, out = verify_branches(m.target, cache, last, drafts, key=jax.random.key(0), temperature=1.0,
+                                           greedy=True, tap_layers=taps)
+        return acc, nxt, out.cache, out.taps
+
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     times = {"prefill_s": _median_seconds(prefill, graphdef, state, ids, lengths, reps=reps)}
     cache, ctx = prefill(graphdef, state, ids, lengths)
     last = ids[:, -1]
+    if decoder in LOOP_DECODERS:
+        times["draft_s"] = _median_seconds(loop_draft_tokens, graphdef, state, last, ctx, reps=reps)
+        drafts = loop_draft_tokens(graphdef, state, last, ctx)
+        times["refine_s"] = 0.0
+        times["verify_s"] = _median_seconds(loop_verify, graphdef, state, last, drafts, cache, reps=reps)
+        return times
     tokens = last[:, None]
     if block > 1:
         times["draft_s"] = _median_seconds(draft, graphdef, state, last, ctx, reps=reps)

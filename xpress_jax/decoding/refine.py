@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from xpress_jax.decoding.jacobi import JacobiResult, jacobi_solve, pick_from, top_k_candidates
+from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.errors import InputError
 from xpress_jax.models.heads.baselines import choose
 
@@ -19,9 +20,10 @@ HEAD_NAMES = ("dflash", "markov", "gru", "xpress")
 
 
 def refine_block(name: str, head, s: jax.Array, h: jax.Array, anchor: jax.Array, embed=None, *,
-                 max_iters: int = 4, early_stop: bool = True, top_k: int = 0,
-                 noise: jax.Array | None = None, temperature: float = 1.0) -> JacobiResult:
+                 settings: DecodeSettings = DecodeSettings(), noise: jax.Array | None = None,
+                 temperature: float = 1.0) -> JacobiResult:
     """s: [batch, n, vocab] base logits; h: [batch, n, hidden]; anchor: [batch] -> tokens, logits.
+    XPress reads settings.max_iters (Jacobi K), early_stop and top_k (candidate mode).
 
     Greedy without `noise`; with Gumbel noise [batch, n, vocab] each token is argmax(l/T + G),
     a sample from softmax(l/T) of the logits returned. The noise stays fixed across Jacobi
@@ -38,6 +40,7 @@ def refine_block(name: str, head, s: jax.Array, h: jax.Array, anchor: jax.Array,
         return JacobiResult(tokens=tokens, logits=logits, iterations=jnp.full((batch,), s.shape[1], jnp.int32))
     if name != "xpress":
         raise InputError(f"unknown head {name!r}; choose one of {HEAD_NAMES}")
+    max_iters, early_stop, top_k = settings.max_iters, settings.early_stop, settings.top_k
     folded = head.fold()
     c = folded.block_constant(h)  # per-block constant, outside the loop
     if top_k <= 0:

@@ -1,5 +1,7 @@
 """Speculative decoding, all under one `jit`: prefill, then a `lax.while_loop` of
 draft (drafter + head) -> verify (one target pass over the block) -> accept -> commit.
+D-Loop decoders draft with two drafter passes over K branches and verify the K branches in one
+target pass side by side (`decoding/dloop.py`); the rest of the step is shared.
 
 Each sequence of the batch advances by its own acceptance; caches roll back by moving lengths.
 Target-only decoding (the baseline) is the same loop with a block of one token and no drafter.
@@ -20,14 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from xpress_jax.decoding.dloop import loop_draft, verify_branches
 from xpress_jax.decoding.refine import HEAD_NAMES, refine_block
+from xpress_jax.decoding.settings import LOOP_DECODERS, DecodeSettings
 from xpress_jax.decoding.verify import greedy_accept, gumbel_noise, speculative_accept
 from xpress_jax.errors import InputError
 from xpress_jax.models.drafter import ContextCache, DFlashDrafter, block_inputs
 from xpress_jax.models.qwen3 import KVCache, Qwen3, write_at
 
 PAD = -1  # fills the output after a sequence stops
-DECODERS = ("target",) + HEAD_NAMES  # "target" = target-only decoding
+DECODERS = ("target",) + HEAD_NAMES + LOOP_DECODERS  # "target" = target-only decoding
+# the head module each decoder needs (None: the drafter alone, or no drafter)
+HEAD_OF = {"target": None, "dflash": None, "markov": "markov", "gru": "gru", "xpress": "xpress",
+           "dloop": None, "dloop+xpress": "xpress"}
 
 
 class SpecModels(nnx.Module):
@@ -46,10 +53,8 @@ class DecodeOptions:
     decoder: str = "dflash"  # one of DECODERS
     max_new_tokens: int = 256
     greedy: bool = True
-    max_iters: int = 4  # Jacobi K (xpress)
-    early_stop: bool = True
-    top_k: int = 0  # candidate mode (xpress) when > 0
     max_len: int = 0  # cache slots
+    settings: DecodeSettings = DecodeSettings()  # Jacobi K, early stop, candidates, D-Loop branches
 
 
 @struct.dataclass
@@ -130,16 +135,24 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
                         per_step=jnp.zeros((batch, max_new), jnp.int32))
     slots = jnp.arange(block, dtype=jnp.int32)
 
-    def step(carry):
-        tcache, ctx, last, buf, n_out, done, key, stats = carry
-        key, k_noise, k_accept = jax.random.split(key, 3)
+    loop = opts.decoder in LOOP_DECODERS
+
+    def draft_and_verify(tcache, ctx, last, k_noise, k_accept):
+        """-> the drafted block [batch, n], acc, the target's next token, the target's output over the
+        kept block (cache and taps as if only that block had been run) and Jacobi iterations."""
+        if loop:
+            d = loop_draft(target, drafter, ctx, last, opts.settings,
+                           head=head if opts.decoder == "dloop+xpress" else None)
+            branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens, key=k_accept,
+                                                       temperature=temperature, greedy=opts.greedy, tap_layers=taps)
+            return _row(d.tokens, branch), acc, nxt, verify, d.iterations
         iterations = jnp.zeros((batch,), jnp.int32)
         if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
             hidden = drafter(target.embed(block_inputs(last, block, drafter.cfg.mask_token_id)), ctx)  # [b, B, H]
             s = target.logits(hidden[:, 1:])  # [batch, n, vocab]
             noise = None if opts.greedy else gumbel_noise(k_noise, s.shape)
-            res = refine_block(opts.decoder, head, s, hidden[:, 1:], last, target.embed, max_iters=opts.max_iters,
-                               early_stop=opts.early_stop, top_k=opts.top_k, noise=noise, temperature=temperature)
+            res = refine_block(opts.decoder, head, s, hidden[:, 1:], last, target.embed, settings=opts.settings,
+                               noise=noise, temperature=temperature)
             draft, draft_logits, iterations = res.tokens, res.logits, res.iterations
         else:
             draft = jnp.zeros((batch, 0), jnp.int32)
@@ -149,6 +162,12 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
             acc, nxt = greedy_accept(draft, verify.logits)
         else:
             acc, nxt = speculative_accept(k_accept, draft, draft_logits, verify.logits, temperature)
+        return draft, acc, nxt, verify, iterations
+
+    def step(carry):
+        tcache, ctx, last, buf, n_out, done, key, stats = carry
+        key, k_noise, k_accept = jax.random.split(key, 3)
+        draft, acc, nxt, verify, iterations = draft_and_verify(tcache, ctx, last, k_noise, k_accept)
 
         # the step's new tokens: accepted drafts, then the target's token (slots past acc unused)
         new = jnp.where(slots[None, :] < acc[:, None], jnp.pad(draft, ((0, 0), (0, 1))), nxt[:, None])
@@ -192,17 +211,24 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
     if models.drafter is None:
         raise InputError(f"head {decoder!r} needs a drafter")
     models.drafter.cfg.check_target(models.target.cfg)
-    if decoder in ("markov", "gru", "xpress") and models.head is None:
-        raise InputError(f"head {decoder!r} was chosen but no {decoder} head was given")
+    head = HEAD_OF[decoder]
+    if head and models.head is None:
+        raise InputError(f"decoder {decoder!r} was chosen but no {head} head was given")
 
 
 def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
-             max_iters: int = 4, early_stop: bool = True, top_k: int = 0, max_len: int | None = None,
-             pad_multiple: int = 1) -> Generation:
+             settings: DecodeSettings | None = None, max_len: int | None = None, pad_multiple: int = 1,
+             **knobs) -> Generation:
     """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
-    temperature > 0 is speculative sampling, lossless in distribution."""
+    temperature > 0 is speculative sampling, lossless in distribution. `settings` (or its fields as
+    keyword arguments: max_iters, early_stop, top_k, branches) are the decoder's knobs."""
     check_compatible(models, decoder)
+    try:
+        settings = dataclasses.replace(settings or DecodeSettings(), **knobs)
+    except TypeError:
+        raise InputError(f"unknown decoding options {sorted(knobs)}; choose from "
+                         f"{[f.name for f in dataclasses.fields(DecodeSettings)]}") from None
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
@@ -212,14 +238,17 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     if ids.max() >= vocab or ids.min() < 0:
         raise InputError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
     block = 1 if decoder == "target" else models.drafter.cfg.block_size
-    need = int(lengths.max()) + max_new_tokens + block
-    max_len = max_len or ids.shape[1] + max_new_tokens + block
+    settings.check(decoder, block)
+    branches = settings.branches
+    width = block * branches  # the tokens one verification writes past the committed ones
+    need = int(lengths.max()) + max_new_tokens + width
+    max_len = max_len or ids.shape[1] + max_new_tokens + width
     if need > max_len:
         raise InputError(f"the longest prompt has {int(lengths.max())} tokens; with max_new_tokens={max_new_tokens} "
-                         f"and a block of {block} it needs {need} cache slots but the cache holds {max_len}")
+                         f"and {branches} block(s) of {block} it needs {need} cache slots but the cache holds {max_len}")
     max_len = max(max_len, ids.shape[1])  # the padded prefill must fit too
     opts = DecodeOptions(decoder=decoder, max_new_tokens=max_new_tokens, greedy=temperature == 0,
-                         max_iters=max_iters, early_stop=early_stop, top_k=top_k, max_len=max_len)
+                         max_len=max_len, settings=settings)
     graphdef, state = nnx.split(models)
     buf, n_out, stopped, stats = _decode(graphdef, state, jnp.asarray(ids), jnp.asarray(lengths),
                                          jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),

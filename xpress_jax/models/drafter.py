@@ -92,9 +92,12 @@ class DrafterConfig:
         }
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> "DrafterConfig":
-        base = Qwen3Config.from_hf({**hf, "tie_word_embeddings": False}, source="drafter config.json")
-        dflash = hf.get("dflash_config", {})
+    def from_hf(cls, hf: dict[str, Any], source: str = "drafter config.json") -> "DrafterConfig":
+        base = Qwen3Config.from_hf({**hf, "tie_word_embeddings": False}, source=source)
+        missing = [k for k in ("num_target_layers",) if k not in hf]
+        if missing:
+            raise ConfigError(f"{source}: missing fields {missing}")
+        dflash = hf.get("dflash_config") or {}
         n = hf["num_hidden_layers"]
         ids = dflash.get("target_layer_ids") or default_target_layer_ids(hf["num_target_layers"], n)
         return cls(hidden_size=base.hidden_size, intermediate_size=base.intermediate_size, num_hidden_layers=n,
@@ -151,17 +154,22 @@ class DFlashDrafter(nnx.Module):
         added = jnp.full_like(cache.lengths, t) if num_new is None else num_new.astype(jnp.int32)
         return ContextCache(k=k, v=v, lengths=cache.lengths + added)
 
-    def __call__(self, block_embeds: jax.Array, cache: ContextCache) -> jax.Array:
+    def __call__(self, block_embeds: jax.Array, cache: ContextCache, num_blocks: int = 1) -> jax.Array:
         """Inference: one block per sequence at positions cache.lengths + arange(B).
 
         block_embeds: [batch, B, hidden] (target embeddings of [last token, MASK, ...]).
         Returns the final-normed hidden states [batch, B, hidden]; slot k >= 1 predicts token start + k.
+        With num_blocks = K the input is K alternative blocks side by side, [batch, K*B, hidden], all
+        at the same positions over the shared context; each attends to the context and to itself only.
         """
-        batch, block, _ = block_embeds.shape
-        positions = cache.lengths[:, None] + jnp.arange(block, dtype=jnp.int32)  # [batch, B]
+        batch, width, _ = block_embeds.shape
+        block = width // num_blocks
+        slot = jnp.arange(width, dtype=jnp.int32)
+        positions = cache.lengths[:, None] + slot % block  # [batch, K*B]
         ctx_visible = jnp.arange(cache.max_len)[None, :] < cache.lengths[:, None]  # [batch, max_len]
-        mask = jnp.concatenate([jnp.broadcast_to(ctx_visible[:, None, :], (batch, block, cache.max_len)),
-                                jnp.ones((batch, block, block), bool)], axis=-1)  # [batch, B, max_len + B]
+        same_block = (slot[:, None] // block) == (slot[None, :] // block)  # [K*B, K*B]
+        mask = jnp.concatenate([jnp.broadcast_to(ctx_visible[:, None, :], (batch, width, cache.max_len)),
+                                jnp.broadcast_to(same_block, (batch, width, width))], axis=-1)
         x = block_embeds.astype(self.dtype)
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)

@@ -7,7 +7,6 @@ output of decoder layer i (for the last layer HF reports it after the final norm
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Sequence
 
@@ -15,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from xpress_jax.errors import ConfigError
+from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, param
 
 
@@ -75,8 +74,7 @@ class Qwen3Config:
         path = os.path.join(hf_dir, "config.json")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{hf_dir}: no config.json")
-        with open(path) as f:
-            return cls.from_hf(json.load(f), source=path)
+        return cls.from_hf(read_json(path, ConfigError), source=path)
 
     def to_hf(self) -> dict[str, Any]:
         """A config.json dict that transformers' Qwen3Config reads back to the same model."""
@@ -118,12 +116,35 @@ class KVCache:
     def rollback(self, lengths: jax.Array) -> "KVCache":
         return self.replace(lengths=lengths.astype(jnp.int32))
 
+    def keep_branch(self, start: jax.Array, branch: jax.Array, width: int) -> "KVCache":
+        """After a multi-branch pass wrote branches of `width` slots side by side from `start`
+        [batch], moves each sequence's chosen `branch` [batch] to the front (slots start..start+width-1),
+        where decoding that branch alone would have written it. Lengths are left to the caller."""
+        src = start + branch * width
+
+        def move(c):
+            chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=0))(c, src)
+            return write_at(c, chosen, start)
+        return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
+
 
 def write_at(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
     """cache: [batch, max_len, ...]; new: [batch, t, ...] written at per-sequence offsets [batch]."""
     def one(c, n, o):
         return jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), o, axis=0)
     return jax.vmap(one)(cache, new, offsets)
+
+
+def _cache_mask(lengths: jax.Array, max_len: int, seq: int, block_mask: jax.Array | None) -> jax.Array:
+    """[batch, seq, max_len]: new token i (written at slot lengths + i) sees every committed slot
+    and, among the new slots, those block_mask[i] allows (causal by default)."""
+    key_slots = jnp.arange(max_len, dtype=jnp.int32)[None, :]  # [1, max_len]
+    rel = key_slots - lengths[:, None]  # [batch, max_len]: index among the new tokens
+    if block_mask is None:
+        return rel[:, None, :] <= jnp.arange(seq, dtype=jnp.int32)[None, :, None]
+    among_new = (rel >= 0) & (rel < seq)
+    allowed = jnp.take(block_mask.astype(bool), jnp.clip(rel, 0, seq - 1), axis=1)  # [seq, batch, max_len]
+    return (rel < 0)[:, None, :] | (among_new[:, None, :] & jnp.moveaxis(allowed, 0, 1))
 
 
 @struct.dataclass
@@ -167,13 +188,19 @@ class Qwen3(nnx.Module):
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  cache: KVCache | None = None, num_new: jax.Array | None = None,
-                 tap_layers: Sequence[int] = (), return_logits: bool = True) -> Qwen3Output:
+                 tap_layers: Sequence[int] = (), return_logits: bool = True,
+                 block_offsets: jax.Array | None = None, block_mask: jax.Array | None = None) -> Qwen3Output:
         """Runs tokens [batch, seq] through the model.
 
         With `cache`, the tokens sit at positions cache.lengths + arange(seq), their keys/values
         are written there and the returned cache has lengths + num_new (default: seq; a
         right-padded prefill passes the real lengths). Without a cache, plain causal attention
         at `positions` (default arange).
+
+        Token trees (multi-branch verification): with a cache, `block_offsets` [seq] replaces
+        arange(seq) as the tokens' positions relative to cache.lengths, and `block_mask` [seq, seq]
+        (query, key) replaces the causal mask among the new tokens; every token still sees the
+        whole committed cache.
         """
         batch, seq = tokens.shape
         num_layers = self.cfg.num_hidden_layers
@@ -183,10 +210,12 @@ class Qwen3(nnx.Module):
         if cache is not None:
             if positions is not None:
                 raise ValueError("positions are implied by cache.lengths; pass one or the other")
-            positions = cache.lengths[:, None] + jnp.arange(seq, dtype=jnp.int32)  # [batch, seq]
-            key_slots = jnp.arange(cache.max_len, dtype=jnp.int32)
-            mask = key_slots[None, None, :] <= positions[:, :, None]  # [batch, seq, max_len]
+            offsets = jnp.arange(seq, dtype=jnp.int32) if block_offsets is None else block_offsets
+            positions = cache.lengths[:, None] + offsets.astype(jnp.int32)  # [batch, seq]
+            mask = _cache_mask(cache.lengths, cache.max_len, seq, block_mask)  # [batch, seq, max_len]
         else:
+            if block_offsets is not None or block_mask is not None:
+                raise ValueError("block_offsets and block_mask describe tokens appended to a cache; pass a cache")
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
             mask = positions[:, None, :] <= positions[:, :, None]  # [batch, seq, seq]

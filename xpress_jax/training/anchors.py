@@ -36,6 +36,20 @@ def sample_anchors(key: jax.Array, loss_mask: jax.Array, num_anchors: int) -> tu
     return idx.astype(jnp.int32), top >= 0.0
 
 
+def previous_anchor(anchors: jax.Array, valid: jax.Array) -> jax.Array:
+    """For each anchor, the index (into the same row) of the nearest earlier valid anchor of its
+    sequence; the earliest one wraps around to the latest (D-Loop eq. 13 over anchors sorted by
+    position). anchors, valid: [batch, A] -> [batch, A] int32. Sampled anchors come in random
+    order, so rolling the array would pick a random other anchor instead."""
+    pos = anchors[:, None, :]  # [batch, 1, A]: the candidates j
+    cand = valid[:, None, :]
+    earlier = cand & (pos < anchors[:, :, None])  # [batch, A, A]
+    low = jnp.iinfo(jnp.int32).min
+    nearest = jnp.argmax(jnp.where(earlier, pos, low), axis=-1)  # largest earlier position
+    latest = jnp.argmax(jnp.where(cand, pos, low), axis=-1)  # wrap-around: the sequence's last anchor
+    return jnp.where(jnp.any(earlier, -1), nearest, latest).astype(jnp.int32)
+
+
 def make_blocks(ids: jax.Array, loss_mask: jax.Array, anchors: jax.Array, valid: jax.Array, block: int) -> Blocks:
     seq = ids.shape[1]
     pos = anchors[:, :, None] + jnp.arange(1, block, dtype=jnp.int32)  # [batch, A, n]

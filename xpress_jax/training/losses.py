@@ -58,7 +58,7 @@ def dloop_weights(prefix_len: jax.Array, label_mask_suffix: jax.Array, label_mas
 
     Suffix view (anchor a, prefix of length l revealed): w^S_k = v 1{k > l} exp(-(k - l - 1) / tau_s).
     Prefix view: anchor only; w^P_k = v 1{k <= l} exp(-(k - 1) / gamma) when l >= 2, otherwise a full
-    anchor-only block at the cyclically previous anchor, w^P_k = v exp(-(k - 1) / gamma).
+    anchor-only block at the nearest earlier anchor of the sequence, w^P_k = v exp(-(k - 1) / gamma).
     """
     m = label_mask_suffix.shape[-1]
     k = jnp.arange(1, m + 1, dtype=jnp.int32)[None, None, :]

@@ -27,7 +27,7 @@ from xpress_jax.config import dtype, target_config
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.qwen3 import Qwen3
 from xpress_jax.training import state as st
-from xpress_jax.training.checkpointing import Checkpointer
+from xpress_jax.training.state_checkpoints import Checkpointer
 
 log = logging.getLogger("xpress_jax.pretrain")
 
@@ -177,7 +177,7 @@ def write_target(model: Qwen3, out_dir: str, tokenizer_dir: str, dtype_=None) ->
 
 def export_target(config, run: str, out: str, *, step: int | None, dtype_name: str) -> dict:
     """Any Orbax step of a pretraining run as an HF directory."""
-    from xpress_jax.training.checkpointing import restore_run_step
+    from xpress_jax.training.state_checkpoints import restore_run_step
     layout = TargetLayout(config, abstract=True)
     step, state = restore_run_step(run, step, layout.abstract_state)
     write_target(st.merge(layout.graphdef, jax.device_get(state["params"])), out, os.path.join(run, "tokenizer"),

@@ -12,7 +12,7 @@ import optax
 
 from xpress_jax.models.drafter import block_inputs
 from xpress_jax.training import losses
-from xpress_jax.training.anchors import Blocks, make_blocks, sample_anchors, target_positions
+from xpress_jax.training.anchors import Blocks, make_blocks, previous_anchor, sample_anchors, target_positions
 from xpress_jax.training.state import merge
 
 EPS = 1e-6
@@ -71,10 +71,11 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
     n_chunks = anchors.shape[1] // chunk
     blocks = make_blocks(ids, loss_mask, anchors, valid, block)
     dloop = s.dloop > 0
-    if dloop:  # D-Loop: prefix length per block; short prefixes fall back to the previous anchor
+    if dloop:  # D-Loop: prefix length per block; short prefixes fall back to the previous anchor (eq. 13)
         prefix_len = losses.sample_prefix_lengths(k_prefix, anchors.shape, n, s.dloop_beta)
-        p_anchors = jnp.where(prefix_len >= 2, anchors, jnp.roll(anchors, 1, axis=1))
-        p_valid = jnp.where(prefix_len >= 2, valid, jnp.roll(valid, 1, axis=1))
+        prev = previous_anchor(anchors, valid)
+        p_anchors = jnp.where(prefix_len >= 2, anchors, jnp.take_along_axis(anchors, prev, axis=1))
+        p_valid = valid & jnp.where(prefix_len >= 2, True, jnp.take_along_axis(valid, prev, axis=1))
         p_blocks = make_blocks(ids, loss_mask, p_anchors, p_valid, block)
     else:
         prefix_len, p_blocks = jnp.zeros_like(anchors), blocks

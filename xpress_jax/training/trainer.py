@@ -21,12 +21,14 @@ from tqdm import tqdm
 
 from xpress_jax import sharding
 from xpress_jax.config import drafter_config, dtype, head_kwargs, target_config
+from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
 from xpress_jax.models.drafter import DFlashDrafter
 from xpress_jax.models.heads import HEADS
 from xpress_jax.models.qwen3 import Qwen3
 from xpress_jax.training import state as st
-from xpress_jax.training.checkpointing import Checkpointer
+from xpress_jax.training.state_checkpoints import Checkpointer
+from xpress_jax.training.distributed import maybe_initialize_distributed
 from xpress_jax.training.step import LossSettings, make_train_step
 
 log = logging.getLogger("xpress_jax.train")
@@ -34,20 +36,6 @@ log = logging.getLogger("xpress_jax.train")
 
 class TrainingStopped(XpressError):
     """Training stopped on purpose (repeated non-finite steps); the last good checkpoint is intact."""
-
-
-def maybe_initialize_distributed(config) -> None:
-    """Multi-host: jax.distributed from XPRESS_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID, or the
-    cluster's own environment (TPU pods, SLURM) when train.distributed is set."""
-    if os.environ.get("XPRESS_COORDINATOR"):
-        # CPU collectives between processes (only the CPU backend reads this; asking for the backend
-        # here would initialise it before jax.distributed may)
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=os.environ["XPRESS_COORDINATOR"],
-                                   num_processes=int(os.environ["XPRESS_NUM_PROCESSES"]),
-                                   process_id=int(os.environ["XPRESS_PROCESS_ID"]))
-    elif config.train.distributed:
-        jax.distributed.initialize()
 
 
 def loss_settings(config) -> LossSettings:
@@ -197,6 +185,37 @@ class _Logger:
             self.tb.close()
 
 
+# fields whose change breaks an exact resume (the mesh may change: restores reshard)
+RESUME_SECTIONS = ("seed", "dtype", "param_dtype", "target_param_dtype", "target.", "drafter.", "heads.", "data.",
+                   "train.")
+RESUME_FREE = ("train.out_dir", "train.log_every", "train.save_every", "train.keep", "train.async_checkpointing",
+               "train.distributed", "train.allow_config_change", "train.init_from", "train.max_bad_steps")
+
+
+def resume_changes(config, out_dir: str) -> list[str]:
+    """'field: old -> new' for each field that differs from the run's recorded config.json, when
+    `out_dir` holds checkpoints to resume from; [] for a fresh run."""
+    ckpt_dir = os.path.join(out_dir, "checkpoints")
+    record = os.path.join(out_dir, "config.json")
+    if not (os.path.isdir(ckpt_dir) and any(d.isdigit() for d in os.listdir(ckpt_dir)) and os.path.isfile(record)):
+        return []
+    from xpress_jax.config_schema import leaves
+    from xpress_jax.errors import read_json
+    import ml_collections
+    old = leaves(ml_collections.ConfigDict(read_json(record, ConfigError)))
+    new = leaves(ml_collections.ConfigDict(json.loads(config.to_json_best_effort())))
+    # a field the record lacks (added to the code since) cannot be compared and is let through
+    keys = sorted(k for k in set(old) & set(new)
+                  if k.startswith(RESUME_SECTIONS) and k not in RESUME_FREE and old[k] != new[k])
+    return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in keys]
+
+
+def _write_atomically(path: str, content: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(content)
+    os.replace(path + ".tmp", path)
+
+
 def _to_python(metrics: dict) -> dict:
     out = {}
     for k, v in jax.device_get(metrics).items():
@@ -210,8 +229,14 @@ def train(config, *, stop_after: int | None = None) -> dict:
     from xpress_jax.data.byte_tokenizer import pad_id, tokenizer_for
     from xpress_jax.data.dataset import make_dataset, read_records
 
-    maybe_initialize_distributed(config)
+    check_config(config)
     out_dir = config.train.out_dir
+    changes = resume_changes(config, out_dir)  # before anything is built: a refused resume costs nothing
+    if changes and not config.train.allow_config_change:
+        raise ConfigError(f"{out_dir} was started with another config and resuming would not be exact: "
+                          f"{'; '.join(changes)}. Use another train.out_dir, or set "
+                          "train.allow_config_change=true to continue deliberately")
+    maybe_initialize_distributed(config)
     records = read_records(list(config.data.train_files))
     setup = Setup(config, abstract=False, num_records=len(records))
     tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, setup.drafter_cfg.vocab_size)
@@ -225,21 +250,23 @@ def train(config, *, stop_after: int | None = None) -> dict:
     data_iter = iter(dataset)
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), save_every=t.save_every, keep=t.keep,
                         async_save=t.async_checkpointing)
-    start = ckpt.latest_step()
-    if start is not None:
-        state, data_state = ckpt.restore(start, setup.abstract_state)
+    say = (lambda line: print(line, file=sys.stderr)) if jax.process_index() == 0 else None  # noqa: E731
+    restored = ckpt.restore_latest(setup.abstract_state, report=say)
+    if restored is not None:
+        start, state, data_state = restored
         data_iter.set_state(data_state)
-        if jax.process_index() == 0:  # shown on the console: the user should know a run continued
-            print(f"resumed at step {start} from {ckpt.directory}", file=sys.stderr)
+        if say:  # shown on the console: the user should know a run continued
+            say(f"resumed at step {start} from {ckpt.directory}")
     else:
         if t.init_from:
             setup.params = initial_params(setup, config, t.init_from)
         state = setup.init_state()
         start = 0
-    if jax.process_index() == 0:
+    if jax.process_index() == 0:  # config.json records what the run was started with; never overwritten
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=2))
+        name = "config.json" if restored is None else (f"config.resumed_at_{start}.json" if changes else None)
+        if name:
+            _write_atomically(os.path.join(out_dir, name), config.to_json_best_effort(indent=2))
 
     stop = {"signal": None}
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
@@ -257,8 +284,10 @@ def train(config, *, stop_after: int | None = None) -> dict:
         if count:
             log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)", at, count)
             if count >= t.max_bad_steps:
-                raise TrainingStopped(f"{count} non-finite steps in a row at step {at}; stopped. The last good "
-                                      f"checkpoint (step {ckpt.latest_step()}) is intact in {ckpt.directory}")
+                good = ckpt.latest_step()
+                kept = (f"The last good checkpoint (step {good}) is intact in {ckpt.directory}" if good is not None
+                        else "No checkpoint had been written yet")
+                raise TrainingStopped(f"{count} non-finite steps in a row at step {at}; stopped. {kept}")
         return count
 
     try:
