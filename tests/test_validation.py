@@ -187,3 +187,15 @@ def test_a_failed_save_names_its_step_and_the_last_good_one(tmp_path, monkeypatc
     with pytest.raises(CheckpointError, match=r"saving step 4 .* No space left on device.*last good checkpoint is "
                                               r"step 2"):
         train(train_config(tmp_path, **{"train.steps": "6", "train.save_every": "2"}))
+
+
+def test_bad_data_or_checkpoints_leave_no_run_directory(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n[1, 2]\n")
+    out = tmp_path / "run"
+    r = run("xpress_jax.train", f"--config.train.out_dir={out}", f"--config.data.train_files=('{bad}',)")
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and f"{bad}:2: a record must be a JSON object" in lines[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not out.exists()
+    r = run("xpress_jax.eval", f"--checkpoints=dflash={tmp_path}", f"--out={tmp_path / 'eval' / 'x'}")
+    assert r.returncode == 2 and "no config.json" in r.stderr and not (tmp_path / "eval").exists()

@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 import warnings
 from typing import Callable
 
@@ -122,13 +123,40 @@ def quiet_console() -> None:
     logging.getLogger("absl").setLevel(logging.INFO)
 
 
+# log files opened by this process: (handler, path, it is new, directories made for it, time opened)
+_LOG_FILES: list[tuple[logging.Handler, str, bool, list[str], float]] = []
+
+
 def log_to_file(path: str) -> None:
     """Every INFO line from here on also goes to `path` (in the run directory)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    path = os.path.abspath(path)
+    made, parent = [], os.path.dirname(path)
+    while not os.path.isdir(parent):
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    is_new = not os.path.exists(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.setLevel(logging.INFO)
     logging.getLogger().addHandler(handler)
+    _LOG_FILES.append((handler, path, is_new, made, time.time()))
+
+
+def _discard_logs_of_refused_run() -> None:
+    """A run refused for bad input leaves nothing behind: a log file it opened (and the directories
+    made for it) goes, unless the run wrote anything else beside it (then the log is the record)."""
+    for handler, path, is_new, made, opened in _LOG_FILES:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+        folder = os.path.dirname(path)
+        others = [n for n in os.listdir(folder) if os.path.join(folder, n) != path
+                  and os.path.getmtime(os.path.join(folder, n)) >= opened - 1] if os.path.isdir(folder) else []
+        if is_new and not others and os.path.exists(path):
+            os.remove(path)
+            for d in made:  # deepest first
+                if os.path.isdir(d) and not os.listdir(d):
+                    os.rmdir(d)
 
 
 def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str | None = None) -> None:
@@ -159,6 +187,7 @@ def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str |
             check_config(config)  # before anything is built or written
             return main(config)
         except (XpressError, FileNotFoundError) as e:
+            _discard_logs_of_refused_run()
             _fail(str(e))
 
     app.run(guarded, flags_parser=parse)
