@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# The accelerator measurements, as one short script (run from the repository root on the device).
-# Writes benchmarks/<device>/heads-*.json and an eval run with tiny random models (a timing check
-# of the jitted loop; acceptance needs trained weights).
+# The accelerator measurements as one prepared command (run from the repository root on the device):
+# every benchmark suite, written with the device and date to benchmarks/<device>/.
+#   heads  the draft step at Qwen3-8B shapes in bfloat16 (the papers' setting), batch 1 and 8
+#   train  train-step throughput (tiny config, remat and anchor chunks) and the 8B step's memory
+#   e2e    the tiny reproduction's trained checkpoints, when REPRO_DIR (default runs/repro) holds a
+#          finished run: the exports and target/ are about 35 MB, so they can travel with the checkout
 set -euo pipefail
 python -m pip install -q -e . 2>/dev/null || true
 device=$(python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
 out=benchmarks/${device}
 mkdir -p "$out"
-python -m xpress_jax.bench heads --reps=20 --out="$out"
-python -m xpress_jax.eval --num_prompts=4 --max_new_tokens=64 --check_lossless --out="$out/eval-tiny"
+python -m xpress_jax.bench --suite=heads --dtype=bfloat16 --reps=20 --out="$out"
+python -m xpress_jax.bench --suite=train --train_steps=20 --out="$out"
+repro=${REPRO_DIR:-runs/repro}
+if [ -f "$repro/xpress.frozen/DONE.json" ] && [ -f "$repro/dloop+xpress/DONE.json" ]; then
+  python -m xpress_jax.bench --suite=e2e --run_dir="$repro" --reps=20 --out="$out"
+else
+  echo "e2e skipped: $repro holds no finished reproduction (python -m xpress_jax.reproduce)" >&2
+fi
+date -u +"%Y-%m-%dT%H:%MZ" > "$out/DATE"

@@ -4,6 +4,13 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One persistent XLA cache per test session, shared by the xdist workers and the CLI subprocesses
+# the tests start (they inherit the environment): the same tiny models compile once, not per process.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="xpress_jax_test_xla_cache_")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -57,3 +64,15 @@ def tiny_dir(request, tiny_dirs):
 def qwen3_tokenizer_dir(tmp_path_factory):
     from tokenizer_fixture import build_qwen3_tokenizer
     return build_qwen3_tokenizer(str(tmp_path_factory.mktemp("qwen3_tokenizer")))
+
+
+# The files with the longest runs start first, so that under `-n 2 --dist loadfile` they do not
+# end up alone at the tail of the run (the smoke reproduction alone takes about 7 minutes).
+SLOW_FILES_FIRST = ("test_reproduce.py", "test_trainer.py", "test_bench.py", "test_validation.py", "test_eval.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = os.path.basename(str(item.path))
+        return SLOW_FILES_FIRST.index(name) if name in SLOW_FILES_FIRST else len(SLOW_FILES_FIRST)
+    items.sort(key=rank)  # stable: the order inside each file is kept

@@ -1,10 +1,13 @@
 """Small randomised heads and their inputs (tests of the heads and of the Jacobi solver)."""
 
+import types
+
 import jax
 import jax.numpy as jnp
+import ml_collections
 from flax import nnx
 
-from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
+from xpress_jax.methods import HEADS
 
 V, H, N, R = 60, 12, 9, 8
 
@@ -17,15 +20,13 @@ def randomised(module, seed):
     return module
 
 
+SIZES = ml_collections.ConfigDict({"rank": R, "gru_hidden": R, "proj_dim": R})
+SHAPE = types.SimpleNamespace(vocab_size=V, hidden_size=H, block_size=N + 1)  # the drafter fields that size a head
+
+
 def make_head(name, seed=0):
-    kw = dict(vocab_size=V, hidden_size=H, rngs=nnx.Rngs(seed))
-    if name == "xpress":
-        head = XPressRefiner(num_positions=N, rank=R, **kw)
-    elif name == "markov":
-        head = MarkovHead(rank=R, **kw)
-    else:
-        head = GRUHead(gru_hidden=R, proj_dim=R, **kw)
-    return randomised(head, seed)
+    """Head `name` built through the registry (methods.HEADS), every weight redrawn."""
+    return randomised(HEADS[name].module(rngs=nnx.Rngs(seed), **HEADS[name].kwargs(SIZES, SHAPE)), seed)
 
 
 def inputs(seed, batch=3):

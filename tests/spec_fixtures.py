@@ -4,11 +4,13 @@ that sampling tests compare against."""
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import nnx
 from scipy import stats
 
 from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.methods import HEAD_OF, HEADS
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
@@ -33,15 +35,15 @@ def redraw(module, seed, std=0.3):
     return module
 
 
-def make_head(name, cfg: DrafterConfig, seed):
-    kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, rngs=nnx.Rngs(seed))
-    if name == "markov":
-        return redraw(MarkovHead(rank=8, **kw), seed)
-    if name == "gru":
-        return redraw(GRUHead(gru_hidden=8, proj_dim=8, **kw), seed)
-    if name == "xpress":
-        return redraw(XPressRefiner(num_positions=cfg.block_size - 1, rank=8, **kw), seed)
-    return None
+SMALL_HEADS = ml_collections.ConfigDict({"rank": 8, "gru_hidden": 8, "proj_dim": 8})
+
+
+def make_head(decoder, cfg: DrafterConfig, seed):
+    """The head `decoder` refines with (methods.HEAD_OF), built through the registry; None if none."""
+    name = HEAD_OF.get(decoder, decoder)
+    if name is None:
+        return None
+    return redraw(HEADS[name].module(rngs=nnx.Rngs(seed), **HEADS[name].kwargs(SMALL_HEADS, cfg)), seed)
 
 
 def random_models(head="dflash", seed=0, vocab=48, block=BLOCK):

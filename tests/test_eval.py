@@ -60,7 +60,8 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
         assert report["results"][ds]["xpress"]["lossless"] is True
         loop = report["results"][ds]["dloop+xpress.K2"]
         assert loop["lossless"] is True and loop["branches"] == 2 and loop["time_split"]["draft_s"] > 0
-        assert set(report["results"][ds]["xpress"]["time_split"]) == {"prefill_s", "draft_s", "refine_s", "verify_s"}
+        split = report["results"][ds]["xpress"]["time_split"]
+        assert set(split) == {"prefill_s", "draft_s", "fold_s", "refine_s", "verify_s"} and split["fold_s"] > 0
         assert set(report["jacobi_sweep"][ds]["xpress"]) == {"1", "3"}
         assert report["results"][ds]["xpress"]["tau_per_prompt_mean"] >= 1.0
         assert 0.0 <= report["results"][ds]["xpress"]["repetition_rate"] <= 1.0

@@ -84,7 +84,7 @@ def test_refine_block_dispatches_every_head():
     from xpress_jax.errors import InputError
     s, h, _, embed = inputs(5)
     anchor = jnp.array([4, 5, 6])
-    out = refine_block("dflash", None, s, h, anchor)
+    out = refine_block(None, None, s, h, anchor)
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(jnp.argmax(s, -1)))
     for name in ("markov", "gru"):
         head = make_head(name, 5)

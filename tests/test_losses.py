@@ -97,9 +97,9 @@ def test_train_loss_terms_match_a_manual_computation(tmp_path):
     """compute_loss's DFlash CE and XPress teacher-forced term, recomputed by hand in numpy."""
     from xpress_jax.models.drafter import block_inputs
     from xpress_jax.training.step import LossSettings, compute_loss
-    from xpress_jax.training.trainer import build_frozen_target, build_trainable
+    from xpress_jax.assemble import build_target, build_trainable
     config = train_config(tmp_path)
-    target = build_frozen_target(config, None)
+    target = build_target(config)
     model = build_trainable(config, target.cfg)
     model.xpress.W_r.set_value(0.1 * jax.random.normal(jax.random.key(0), model.xpress.W_r.shape))
     rng = np.random.default_rng(0)

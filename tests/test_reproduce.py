@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cli_helpers import ROOT, run
-from xpress_jax.decoding.speculative import HEAD_OF
+from xpress_jax.methods import HEAD_OF
 
 SMOKE = os.path.join(ROOT, "configs", "tiny_repro_smoke.py")
 STAGES = ("dflash", "xpress", "xpress.frozen", "markov", "gru", "dloop", "dloop+xpress")  # the trained ones
@@ -162,3 +162,21 @@ def test_export_a_target_step_and_the_drafter_run_with_its_target(smoke_run, tmp
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "d" / "model.safetensors").is_file() and (tmp_path / "d" / "target" / "tokenizer.json").is_file()
     transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "d" / "target"))
+
+
+def test_the_e2e_benchmark_runs_on_the_trained_checkpoints(smoke_run, tmp_path):
+    out, _ = smoke_run
+    r = run("xpress_jax.bench", "--suite=e2e", f"--run_dir={out}", f"--repro_config={SMOKE}", "--num_prompts=2",
+            "--max_new_tokens=12", "--batches=1,2", "--reps=1", f"--out={tmp_path}", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "e2e.json") as f:
+        e2e = json.load(f)
+    assert e2e["lossless_failures"] == 0 and set(e2e["decode"]) == {"target", *STAGES}
+    assert all(v["tokens_per_s"] > 0 for v in e2e["decode"].values())
+    blocks = e2e["real_blocks"]
+    assert blocks["blocks"] >= 2 and set(blocks["by_batch"]) == {"1", "2"}
+    assert 1 <= blocks["early_stop_iterations"]["xpress_K4_early_stop"] <= 4
+    assert blocks["early_stop_iterations"]["xpress_K15_early_stop"] <= 15
+    assert 0.0 <= blocks["candidate_agreement_K4"] <= 1.0
+    assert {"xpress", "xpress.frozen"} <= set(e2e["candidate"])
+    assert os.path.getsize(tmp_path / "e2e-speed.png") > 0

@@ -106,7 +106,7 @@ def test_bad_requests_get_clear_errors():
         generate(models, [[1, 2], []], max_new_tokens=4)
     with pytest.raises(InputError, match="cache holds 12"):
         generate(models, [[1] * 6], max_new_tokens=4, max_len=12)
-    with pytest.raises(InputError, match="unknown head 'medusa'"):
+    with pytest.raises(InputError, match="unknown decoder 'medusa'"):
         generate(models, PROMPTS, decoder="medusa")
     with pytest.raises(InputError, match="no xpress head"):
         generate(models, PROMPTS, decoder="xpress")

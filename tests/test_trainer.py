@@ -221,9 +221,9 @@ def test_xpress_training_does_not_count_the_drafter_ce_twice(tmp_path):
     """With the xpress head, the drafter-anchor term (CE + TV on p^b) is the drafter's loss; DFlash's
     CE is logged but added only with train.loss.dflash_ce_with_xpress."""
     from xpress_jax.training.step import LossSettings, compute_loss
-    from xpress_jax.training.trainer import build_frozen_target, build_trainable
+    from xpress_jax.assemble import build_target, build_trainable
     config = train_config(tmp_path)
-    target = build_frozen_target(config, None)
+    target = build_target(config)
     model = build_trainable(config, target.cfg)
     ids = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 40)), jnp.int32)
     mask = jnp.asarray(np.arange(40)[None] >= 8).repeat(2, 0)

@@ -12,16 +12,13 @@ import pytest
 
 from cli_helpers import ROOT, run
 from train_helpers import override_args, train_config
-from xpress_jax.cli import apply_override, load_config
+from xpress_jax.cli import load_config, with_overrides
 from xpress_jax.config_schema import RULES, check_config, leaves
 from xpress_jax.errors import CheckpointError, ConfigError
 
 
 def tiny(**overrides):
-    config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
-    for key, value in overrides.items():
-        apply_override(config, key, value)
-    return config
+    return with_overrides(os.path.join(ROOT, "configs", "tiny.py"), **overrides)
 
 
 def test_every_field_of_every_shipped_config_has_a_rule_and_passes():
@@ -36,7 +33,7 @@ def test_every_field_of_every_shipped_config_has_a_rule_and_passes():
     ("train.num_anchors", "0", "train.num_anchors=0"),
     ("train.save_every", "0", "train.save_every=0"),
     ("train.steps", "-5", "train.steps=-5: expected an integer >= 0"),  # no longer "6 epochs"
-    ("mesh.shape", "4", "mesh.shape=4: expected a tuple of 3 sizes"),
+    ("mesh.shape", "4", "mesh.shape=(4,): expected a tuple of 3 sizes"),
     ("mesh.shape", "(0, 1, 1)", "mesh.shape=(0, 1, 1)"),
     ("mesh.shape", "(-1, -1, 1)", "at most once"),
     ("dtype", "float64", "dtype='float64': expected one of float32, bfloat16, float16"),

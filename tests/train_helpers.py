@@ -2,7 +2,7 @@
 
 import os
 
-from xpress_jax.cli import DEFAULT_CONFIG, apply_override, load_config
+from xpress_jax.cli import DEFAULT_CONFIG, with_overrides
 
 TINY_OVERRIDES = {
     "target.arch.vocab_size": "300", "target.arch.hidden_size": "32", "target.arch.intermediate_size": "64",
@@ -15,10 +15,7 @@ TINY_OVERRIDES = {
 
 
 def train_config(out_dir, **overrides):
-    config = load_config(DEFAULT_CONFIG)
-    for key, value in {**TINY_OVERRIDES, "train.out_dir": str(out_dir), **overrides}.items():
-        apply_override(config, key, str(value))
-    return config
+    return with_overrides(DEFAULT_CONFIG, **{**TINY_OVERRIDES, "train.out_dir": str(out_dir), **overrides})
 
 
 def override_args(out_dir, **overrides):

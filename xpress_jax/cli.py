@@ -1,12 +1,13 @@
-"""Shared command-line plumbing: `--config=FILE` with `--config.a.b=V` overrides, and errors
-reported as one line (exit code 2) instead of a traceback.
+"""Shared command-line plumbing: `--config=FILE` with `--config.a.b=V` overrides (the ecosystem's
+`ml_collections.config_flags`), and errors reported as one line (exit code 2) instead of a
+traceback.
 
-Overrides are typed by the field they replace, and a key the config does not have is an error.
+Overrides are typed by the field they replace (config_flags' parsers), and a key the config does
+not have is an error.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import logging
 import os
@@ -17,6 +18,7 @@ from typing import Callable
 
 import ml_collections
 from absl import app, flags
+from ml_collections import config_flags
 
 from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
@@ -31,9 +33,7 @@ def config_path(name: str) -> str:
 
 DEFAULT_CONFIG = config_path("tiny.py")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-flags.DEFINE_string("config", DEFAULT_CONFIG,
-                    "Config file (configs/NAME.py); override any field with --config.a.b=value.")
+CONFIG_HELP = "Config file (configs/NAME.py); override any field with --config.a.b=value."
 
 
 def load_config(path: str) -> ml_collections.ConfigDict:
@@ -55,53 +55,72 @@ def load_config(path: str) -> ml_collections.ConfigDict:
     return config
 
 
-def _parse_value(text: str, old):
-    if isinstance(old, bool):
-        if text.lower() in ("true", "1", "yes"):
-            return True
-        if text.lower() in ("false", "0", "no"):
-            return False
-        raise ValueError(f"expected true or false, got {text!r}")
-    if isinstance(old, str):
-        return text
-    if isinstance(old, (int, float)):
-        return type(old)(float(text)) if isinstance(old, int) and "e" in text.lower() else type(old)(text)
-    return ast.literal_eval(text)  # tuples, lists, None
+def _config_args(argv: list[str], default: str) -> tuple[str, list[str]]:
+    """The config file named on the command line (or the default) and the override keys."""
+    path, keys = default, []
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith("--config."):
+            keys.append(arg[len("--config."):].split("=", 1)[0])
+    return path, keys
 
 
-def apply_override(config: ml_collections.ConfigDict, key: str, text: str) -> None:
-    *parents, leaf = key.split(".")
-    node = config
-    for i, name in enumerate(parents):
-        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-            raise ConfigError(f"unknown config key {'.'.join(parents[:i + 1])!r} (in --config.{key})")
-        node = node[name]
-    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
-        known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-        raise ConfigError(f"unknown config key {key!r}; known here: {known}")
-    old = node[leaf]
-    if isinstance(old, ml_collections.ConfigDict):
-        raise ConfigError(f"config key {key!r} is a section; override its fields instead")
+def _check_keys(config: ml_collections.ConfigDict, keys: list[str]) -> None:
+    for key in keys:
+        node = config
+        parts = key.split(".")
+        for i, name in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+                where = ".".join(parts[:i + 1])
+                known = f"; known here: {sorted(node.keys())}" if isinstance(node, ml_collections.ConfigDict) else ""
+                raise ConfigError(f"unknown config key {where!r} (in --config.{key}){known}")
+            node = node[name]
+        if isinstance(node, ml_collections.ConfigDict):
+            raise ConfigError(f"config key {key!r} is a section; override its fields instead")
+
+
+def define_config_flag(flag_values: flags.FlagValues, argv: list[str], default: str = DEFAULT_CONFIG) -> None:
+    """Defines `--config` (ml_collections.config_flags) on `flag_values` for this command line.
+
+    config_flags loads the file and types the overrides while the flag is being defined, and for a
+    missing file, a syntax error or an unknown key it raises a bare OSError / SyntaxError / KeyError
+    with a traceback. So the file is first loaded here and the override keys checked against it,
+    which turns those cases into one-line ConfigErrors; anything else config_flags refuses at
+    definition becomes a ConfigError too. Bad values are refused later, at parse time, as absl
+    flag errors (`run` prints them as one line)."""
+    path, keys = _config_args(argv, default)
+    _check_keys(load_config(path), keys)
     try:
-        value = _parse_value(text, old)
-    except (ValueError, SyntaxError) as e:
-        raise ConfigError(f"--config.{key}={text}: {e}") from None
-    with node.ignore_type():
-        node[leaf] = value
+        config_flags.DEFINE_config_file("config", default, CONFIG_HELP, flag_values=flag_values, sys_argv=argv,
+                                        lock_config=True)
+    except Exception as e:  # noqa: BLE001 - whatever config_flags raises becomes one line
+        raise ConfigError(f"--config: {e}") from None
 
 
-def _split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
-    rest, overrides = [], []
-    args = iter(argv)
-    for a in args:
-        if a.startswith("--config."):
-            key, eq, value = a[len("--config."):].partition("=")
-            if not eq:
-                value = next(args, "")
-            overrides.append((key, value))
-        else:
-            rest.append(a)
-    return rest, overrides
+def config_file(flag_values: flags.FlagValues = flags.FLAGS) -> str:
+    """The config file the command line named (or the default), once flags are parsed."""
+    return config_flags.get_config_filename(flag_values["config"])
+
+
+def parse_config(path: str, overrides: list[str] = ()) -> ml_collections.ConfigDict:
+    """The config the command line `--config=path --config.a.b=V ...` gives, through the same
+    config_flags path as the CLIs (for tests and notebooks)."""
+    argv = ["xpress_jax", f"--config={path}", *overrides]
+    flag_values = flags.FlagValues()
+    define_config_flag(flag_values, argv, path)
+    try:
+        flag_values(argv)
+    except flags.Error as e:
+        raise ConfigError(str(e)) from None
+    return flag_values.config
+
+
+def with_overrides(path: str, **overrides) -> ml_collections.ConfigDict:
+    """parse_config with overrides as keyword pairs: with_overrides(p, **{"train.lr": 3e-4})."""
+    return parse_config(path, [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 def _fail(message: str, code: int = 2):
@@ -161,15 +180,14 @@ def _discard_logs_of_refused_run() -> None:
 
 def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str | None = None) -> None:
     """Parses flags and the config, then calls main(config); user errors print one line."""
-    if default_config:
-        flags.FLAGS.set_default("config", default_config)
     # CPU XLA cannot donate buffers; the warning says nothing useful there.
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    overrides: list[tuple[str, str]] = []
+    try:
+        define_config_flag(flags.FLAGS, sys.argv, default_config or DEFAULT_CONFIG)
+    except XpressError as e:
+        _fail(str(e))
 
     def parse(argv):
-        nonlocal overrides
-        argv, overrides = _split_overrides(argv)
         try:
             rest = flags.FLAGS(argv)
         except flags.Error as e:
@@ -181,9 +199,7 @@ def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str |
     def guarded(argv):
         quiet_console()  # after app.run installed absl's handler
         try:
-            config = load_config(flags.FLAGS.config)
-            for key, value in overrides:
-                apply_override(config, key, value)
+            config = flags.FLAGS.config
             check_config(config)  # before anything is built or written
             return main(config)
         except (XpressError, FileNotFoundError) as e:

@@ -14,15 +14,14 @@ from typing import Any, Callable
 import ml_collections
 
 from xpress_jax.config import DTYPES
-from xpress_jax.decoding.speculative import DECODERS
 from xpress_jax.errors import ConfigError
-from xpress_jax.models.heads import HEADS
+from xpress_jax.methods import HEADS, SPEC_DECODERS
 
 Rule = Callable[[Any], str | None]  # the value -> None if fine, else what is allowed
 
 DTYPE_NAMES = tuple(DTYPES)
 HEAD_NAMES = tuple(HEADS)  # trainable heads
-DECODER_NAMES = tuple(d for d in DECODERS if d != "target")  # what eval.heads may list
+DECODER_NAMES = SPEC_DECODERS  # what eval.heads may list
 
 
 def _is_int(v) -> bool:

@@ -18,17 +18,15 @@ import numpy as np
 from tqdm import tqdm
 
 from xpress_jax import plots
-from xpress_jax.assemble import build_drafter, build_head, build_target, describe_checkpoint
-from xpress_jax.config import target_config
+from xpress_jax.assemble import build_drafter, build_head, build_target, describe_checkpoint, target_config
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.profile import component_times
-from xpress_jax.decoding.settings import LOOP_DECODERS, DecodeSettings
-from xpress_jax.decoding.speculative import DECODERS, SpecModels, generate
+from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import InputError
+from xpress_jax.methods import DECODERS, SPEC_DECODERS
 
 log = logging.getLogger("xpress_jax.eval")
-
-SPEC_DECODERS = tuple(d for d in DECODERS if d != "target")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +45,7 @@ def with_branches(methods: list[Method], branches) -> list[Method]:
         raise InputError(f"dloop_branches must be positive integers, got {branches}")
     out = []
     for m in methods:
-        if m.decoder not in LOOP_DECODERS:
+        if not DECODERS[m.decoder].loop:
             out.append(m)
             continue
         out += [dataclasses.replace(m, label=m.label if k == 1 else f"{m.label}.K{k}", branches=k) for k in branches]
@@ -181,7 +179,7 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
             tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, e, pad, f"{ds}/{m.label}", m.branches)
             r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], spec.drafter.cfg.block_size)
             r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
-            if m.decoder in LOOP_DECODERS:
+            if DECODERS[m.decoder].loop:
                 r["branches"] = m.branches
             if e["time_split"]:
                 r["time_split"] = component_times(
@@ -211,7 +209,7 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
     report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind,
               "settings": {k: v for k, v in e.items() if k != "stop_ids"},
               "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,
-                                    **({"branches": m.branches} if m.decoder in LOOP_DECODERS else {})}
+                                    **({"branches": m.branches} if DECODERS[m.decoder].loop else {})}
                           for m in methods},
               **describe_checkpoint(methods[0].checkpoint if len({m.checkpoint for m in methods}) == 1 else ""),
               "skipped_long_prompts": skipped_long, "results": results, "jacobi_sweep": sweep}
@@ -235,33 +233,29 @@ def write_outputs(report: dict, out_dir: str) -> None:
 
 
 
-def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[int]]], settings: DecodeSettings, *,
-                        top_k: int, max_blocks: int = 64) -> dict:
-    """How often candidate mode (top-k) drafts what the exact refiner drafts, on the drafter's real
-    blocks: for each (prompt, target output) the drafter proposes a block at every position of the
-    output (the training-mode anchored pass), and both refiners solve it with the same K."""
-    from xpress_jax.decoding.refine import refine_block
+def drafter_blocks(spec: SpecModels):
+    """A jitted (ids [1, T], anchors [1, A]) -> (s [A, n, vocab], h [A, n, hidden], last [A]): the
+    drafter's real blocks at the given anchors of a known sequence, in one pass (training mode)."""
     from xpress_jax.models.drafter import block_inputs
-    target, drafter, head = spec.target, spec.drafter, spec.head
-    block = drafter.cfg.block_size
-    feat = tuple(drafter.cfg.target_layer_ids)
+    target, drafter = spec.target, spec.drafter
+    block, feat = drafter.cfg.block_size, tuple(drafter.cfg.target_layer_ids)
 
     @jax.jit
-    def both(ids, anchors):  # ids [1, T]; anchors [1, A]
+    def blocks(ids, anchors):
         taps = target(ids, tap_layers=feat, return_logits=False).taps  # [1, T, n_feat, hidden]
-        tokens = block_inputs(jnp.take_along_axis(ids, anchors, 1), block, drafter.cfg.mask_token_id)
-        h = drafter.train_blocks(taps, target.embed(tokens), anchors)[0, :, 1:]  # [A, n, hidden]
-        s = target.logits(h)  # [A, n, vocab]
-        last = jnp.take_along_axis(ids, anchors, 1)[0]
-        exact = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=0))
-        cand = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=top_k))
-        same = exact.tokens == cand.tokens  # [A, n]
-        return jnp.sum(same, -1), jnp.all(same, -1)  # per anchor
+        last = jnp.take_along_axis(ids, anchors, 1)  # [1, A]
+        h = drafter.train_blocks(taps, target.embed(block_inputs(last, block, drafter.cfg.mask_token_id)),
+                                 anchors)[0, :, 1:]  # [A, n, hidden]
+        return target.logits(h), h, last[0]
+    return blocks
 
-    agree = blocks = positions = whole = 0
+
+def anchored_sequences(sequences: list[tuple[list[int], list[int]]], max_blocks: int):
+    """For each (prompt, output): padded ids [1, T], anchors [1, max_blocks] (every position the
+    decoder would draft from, then repeats of the last) and how many anchors are real."""
     for prompt, output in sequences:
         ids = np.asarray(prompt + output, np.int32)
-        starts = np.arange(len(prompt) - 1, len(ids) - 1)[:max_blocks]  # the anchors the decoder would see
+        starts = np.arange(len(prompt) - 1, len(ids) - 1)[:max_blocks]
         if not len(starts):
             continue
         pad = -(-len(ids) // 64) * 64  # a few compiled shapes, not one per sequence
@@ -269,11 +263,32 @@ def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[
         ids_p[0, :len(ids)] = ids
         anchors = np.full((1, max_blocks), starts[-1], np.int32)
         anchors[0, :len(starts)] = starts
-        a, w = both(jnp.asarray(ids_p), jnp.asarray(anchors))
-        agree += int(np.asarray(a)[:len(starts)].sum())  # padded anchors (repeats of the last) not counted
-        whole += int(np.asarray(w)[:len(starts)].sum())
-        positions += len(starts) * (block - 1)
-        blocks += len(starts)
+        yield jnp.asarray(ids_p), jnp.asarray(anchors), len(starts)
+
+
+def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[int]]], settings: DecodeSettings, *,
+                        top_k: int, max_blocks: int = 64) -> dict:
+    """How often candidate mode (top-k) drafts what the exact refiner drafts, on the drafter's real
+    blocks: for each (prompt, target output) the drafter proposes a block at every position of the
+    output (the training-mode anchored pass), and both refiners solve it with the same K."""
+    from xpress_jax.decoding.refine import refine_block
+    blocks_of = drafter_blocks(spec)
+    target, head, n = spec.target, spec.head, spec.drafter.cfg.block_size - 1
+
+    @jax.jit
+    def agreement(s, h, last):
+        exact = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=0))
+        cand = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=top_k))
+        same = exact.tokens == cand.tokens  # [A, n]
+        return jnp.sum(same, -1), jnp.all(same, -1)  # per anchor
+
+    agree = blocks = positions = whole = 0
+    for ids, anchors, real in anchored_sequences(sequences, max_blocks):
+        a, w = agreement(*blocks_of(ids, anchors))
+        agree += int(np.asarray(a)[:real].sum())  # padded anchors (repeats of the last) not counted
+        whole += int(np.asarray(w)[:real].sum())
+        positions += real * n
+        blocks += real
     return {"top_k": top_k, "max_iters": settings.max_iters, "blocks": blocks,
             "token_agreement": round(agree / positions, 5) if positions else None,
             "block_agreement": round(whole / blocks, 5) if blocks else None}

@@ -20,8 +20,7 @@ from absl import flags
 from tqdm import tqdm
 
 from xpress_jax import cli
-from xpress_jax.assemble import build_target
-from xpress_jax.config import target_config
+from xpress_jax.assemble import build_target, target_config
 from xpress_jax.data.byte_tokenizer import tokenizer_for
 from xpress_jax.data.chat import normalise_messages, prompt_ids
 from xpress_jax.data.dataset import read_records

@@ -8,36 +8,111 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def acceptance_per_position(results: dict, path: str) -> None:
-    """One panel per dataset: acceptance rate at each draft position, a line per head."""
-    datasets = list(results)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False)
-    for ax, ds in zip(axes[0], datasets):
-        for head, r in results[ds].items():
-            if r["accept_per_position"]:
-                ax.plot(range(1, len(r["accept_per_position"]) + 1), r["accept_per_position"], marker="o",
-                        ms=3, label=f"{head} (tau {r['tau']:.2f})")
-        ax.set(title=ds, xlabel="draft position k", ylabel="acceptance rate", ylim=(0, 1.02))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+def _panels(count: int, width: float = 5.0, height: float = 3.6):
+    """A figure with `count` side-by-side panels: (figure, list of axes)."""
+    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _save(fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def _finish(ax, legend: bool = True, axis: str = "both") -> None:
+    ax.grid(alpha=0.3, axis=axis)
+    if legend:
+        ax.legend(fontsize=8)
+
+
+def acceptance_per_position(results: dict, path: str) -> None:
+    """One panel per dataset: acceptance rate at each draft position, a line per head."""
+    datasets = list(results)
+    fig, axes = _panels(len(datasets), 5, 3.6)
+    for ax, ds in zip(axes, datasets):
+        for head, r in results[ds].items():
+            if r["accept_per_position"]:
+                ax.plot(range(1, len(r["accept_per_position"]) + 1), r["accept_per_position"], marker="o",
+                        ms=3, label=f"{head} (tau {r['tau']:.2f})")
+        ax.set(title=ds, xlabel="draft position k", ylabel="acceptance rate", ylim=(0, 1.02))
+        _finish(ax)
+    _save(fig, path)
+
+
 def tau_against_k(sweep: dict, reference: dict, path: str) -> None:
     """tau of each XPress method against Jacobi iterations K, with the other methods as flat lines."""
     datasets = list(sweep)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 3.6), squeeze=False)
-    for ax, ds in zip(axes[0], datasets):
+    fig, axes = _panels(len(datasets), 5, 3.6)
+    for ax, ds in zip(axes, datasets):
         for label, by_k in sweep[ds].items():  # one line per XPress method
             ks = sorted(int(k) for k in by_k)
             ax.plot(ks, [by_k[str(k)] for k in ks], marker="o", label=label)
         for head, tau in reference.get(ds, {}).items():
             ax.axhline(tau, ls="--", lw=1, label=head, color=f"C{len(sweep[ds]) + list(reference[ds]).index(head)}")
         ax.set(title=ds, xlabel="Jacobi iterations K", ylabel="tau (acceptance length)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        _finish(ax)
+    _save(fig, path)
+
+
+def latency_against_k(heads_result: dict, path: str) -> None:
+    """Exact XPress latency against Jacobi K with the serial heads and candidate mode as flat lines
+    (the XPress paper's Figure 3), one panel per batch size."""
+    batches = list(heads_result["batches"])
+    fig, axes = _panels(len(batches), 5, 3.6)
+    for ax, batch in zip(axes, batches):
+        sec = heads_result["batches"][batch]["seconds"]
+        ks = sorted(int(k[len("xpress_K"):]) for k in sec if k[len("xpress_K"):].isdigit())
+        ax.plot(ks, [sec[f"xpress_K{k}"] * 1e3 for k in ks], marker="o", label="XPress exact")
+        for i, (name, label) in enumerate((("markov", "Markov (serial)"), ("gru", "GRU (serial)"),
+                                           ("xpress_K4_early_stop", "XPress K<=4, early stop"),
+                                           ("xpress_K4_top32", "XPress K=4, top-32"))):
+            ax.axhline(sec[name] * 1e3, ls="--", lw=1, color=f"C{i + 1}", label=label)
+        ax.set(title=f"batch {batch}", xlabel="Jacobi iterations K", ylabel="ms per block", ylim=(0, None))
+        _finish(ax)
+    _save(fig, path)
+
+
+def draft_step_breakdown(heads_result: dict, path: str) -> None:
+    """One draft step per method as stacked bars: drafter forward + LM-head readout + the head's
+    solve (the XPress paper's Figure 5), one panel per batch size."""
+    batches = list(heads_result["batches"])
+    fig, axes = _panels(len(batches), 5.5, 3.8)
+    methods = (("dflash", None), ("markov", "markov"), ("gru", "gru"), ("xpress K=4", "xpress_K4"),
+               ("xpress early", "xpress_K4_early_stop"), ("xpress top-32", "xpress_K4_top32"))
+    for ax, batch in zip(axes, batches):
+        sec = heads_result["batches"][batch]["seconds"]
+        x = range(len(methods))
+        fwd = [sec["drafter_forward"] * 1e3] * len(methods)
+        lm = [sec["lm_head"] * 1e3] * len(methods)
+        head = [sec[key] * 1e3 if key else 0.0 for _, key in methods]
+        ax.bar(x, fwd, label="drafter forward")
+        ax.bar(x, lm, bottom=fwd, label="LM-head readout")
+        ax.bar(x, head, bottom=[a + b for a, b in zip(fwd, lm)], label="head solve")
+        ax.set_xticks(list(x), [m for m, _ in methods], rotation=30, ha="right", fontsize=8)
+        ax.set(title=f"batch {batch}", ylabel="ms per draft step")
+        _finish(ax, axis="y")
+    _save(fig, path)
+
+
+def e2e_speed(e2e_result: dict, path: str) -> None:
+    """Tokens/s of every method against target-only decoding, and each head's solve latency on
+    real blocks relative to the Markov head."""
+    fig, (left, right) = _panels(2, 5.5, 3.8)
+    decode = e2e_result["decode"]
+    labels = list(decode)
+    left.bar(range(len(labels)), [decode[k]["tokens_per_s"] for k in labels],
+             color=["grey" if k == "target" else "C0" for k in labels])
+    left.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    left.set(title="decoding (GSM8K, T = 0)", ylabel="tokens/s")
+    _finish(left, legend=False, axis="y")
+    for i, batch in enumerate(e2e_result["real_blocks"]["by_batch"]):
+        ratio = e2e_result["real_blocks"]["by_batch"][batch]["ratio_to_markov"]
+        names = list(ratio)
+        right.bar([j + 0.4 * i for j in range(len(names))], [ratio[n] for n in names], width=0.4,
+                  label=f"batch {batch}")
+        right.set_xticks([j + 0.2 for j in range(len(names))], names, rotation=30, ha="right", fontsize=8)
+    right.axhline(1.0, color="grey", lw=1, ls="--")
+    right.set(title="head solve on real blocks", ylabel="latency / Markov")
+    _finish(right, axis="y")
+    _save(fig, path)

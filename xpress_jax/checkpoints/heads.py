@@ -15,6 +15,7 @@ from xpress_jax.checkpoints.hf_qwen3 import load_into, save_from
 from xpress_jax.checkpoints.keymap import KeyRule, dotted
 from xpress_jax.checkpoints.safetensors_io import SafetensorsDir, SafetensorsFile
 from xpress_jax.errors import CheckpointError
+from xpress_jax.methods import HEADS
 
 _MARKOV = {"markov_w1": "markov_head.markov_w1.weight", "markov_w2": "markov_head.markov_w2.weight"}
 
@@ -25,17 +26,7 @@ def head_rules(module: nnx.Module) -> list[KeyRule]:
 
 
 def head_file(directory: str, name: str) -> str:
-    return os.path.join(directory, "heads", f"{name}.safetensors")
-
-
-# what each head's tensors mean, for PyTorch / SGLang / vLLM users (README "Checkpoint layout")
-HEAD_FORMULAS = {
-    "xpress": "u_k = W_in [W_e[x_{k-1}] ; W_h h_k ; W_g g], g = mean_k h_k; m_k = sum_{j<=k} L[k,j] * u_j; "
-              "z_k = m_k + mlp_down(silu(m_k mlp_gate) * (m_k mlp_up)); l_k = s_k + z_k W_r "
-              "(every matrix stored [in, out]; L [n, n, rank], lower triangle used)",
-    "markov": "l_k = s_k + markov_w1[x_{k-1}] markov_w2^T (SpecForge DSpark layout)",
-    "gru": "state_k = GRU(state_{k-1}, embed(x_{k-1})) without bias; l_k = s_k + W_b silu(W_a [h_k ; state_k])",
-}
+    return os.path.join(directory, HEADS[name].checkpoint_file(name))
 
 
 def head_config(head: nnx.Module, name: str) -> dict:
@@ -49,7 +40,7 @@ def head_config(head: nnx.Module, name: str) -> dict:
     elif name == "markov":
         dims = {"vocab_size": shapes[_MARKOV["markov_w1"]][0], "rank": shapes[_MARKOV["markov_w1"]][1]}
     return {"head": name, "class": type(head).__name__, **dims, "tensors": shapes,
-            "formula": HEAD_FORMULAS.get(name, "")}
+            "formula": HEADS[name].formula}
 
 
 def save_head(head: nnx.Module, directory: str, name: str, dtype=None) -> str:
@@ -60,7 +51,7 @@ def save_head(head: nnx.Module, directory: str, name: str, dtype=None) -> str:
     save_from(head, head_rules(head), tmp_dir, dtype=dtype, max_shard_bytes=2**62)
     os.replace(os.path.join(tmp_dir, "model.safetensors"), path)
     os.rmdir(tmp_dir)
-    config_path = os.path.join(directory, "heads", f"{name}.config.json")
+    config_path = path.removesuffix(".safetensors") + ".config.json"
     with open(config_path + ".tmp", "w") as f:
         json.dump(head_config(head, name), f, indent=2)
     os.replace(config_path + ".tmp", config_path)

@@ -1,9 +1,10 @@
-"""Where a speculative step spends its time: prefill, draft, refine and verify, each compiled
-separately and timed on the same inputs (no host sync is ever put inside the decode loop)."""
+"""Where a speculative step spends its time: the engine's own phases (`speculative.prefill`,
+`draft_block`, `fold_head`, `refine_block`, `verify_block`; `dloop.loop_draft` and
+`verify_branches`), each compiled separately and timed on the same inputs (no host sync is ever
+put inside the decode loop)."""
 
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -13,13 +14,15 @@ from flax import nnx
 
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
 from xpress_jax.decoding.refine import refine_block
-from xpress_jax.decoding.settings import LOOP_DECODERS, DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels, pad_prompts
-from xpress_jax.models.drafter import ContextCache, block_inputs
-from xpress_jax.models.qwen3 import KVCache
+from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.decoding.speculative import (SpecModels, draft_block, fold_head, pad_prompts, prefill,
+                                             verify_block)
+from xpress_jax.methods import DECODERS, HEAD_OF
 
 
-def _median_seconds(fn, *args, reps: int) -> float:
+def median_seconds(fn, *args, reps: int) -> float:
+    """Median wall seconds of fn(*args) over `reps` calls, after one call that compiles and warms up;
+    each call waits for its results (block_until_ready)."""
     jax.block_until_ready(fn(*args))  # compile and warm up
     times = []
     for _ in range(reps):
@@ -32,75 +35,53 @@ def _median_seconds(fn, *args, reps: int) -> float:
 def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_new_tokens: int,
                     settings: DecodeSettings = DecodeSettings(), reps: int = 5,
                     pad_multiple: int = 1) -> dict[str, float]:
-    """Seconds per call: prefill (the prompt), draft (one drafter block + base logits), refine (the
-    head's solve) and verify (one target pass over the block). For the D-Loop decoders, draft is
-    the engine's whole two-pass draft (with the refiner for dloop+xpress; refine is then 0) and
-    verify the engine's joint pass over the K branches."""
+    """Seconds per call: prefill (the prompt), draft (one drafter block + base logits), fold (the
+    head's once-per-checkpoint weight fold, which the decode loop does before its first block),
+    refine (the head's per-block solve on folded weights) and verify (one target pass over the
+    block). For the D-Loop decoders, draft is the engine's whole two-pass draft (with the refiner
+    for dloop+xpress; refine is then 0) and verify the engine's joint pass over the K branches."""
     drafter = models.drafter
-    block = 1 if decoder == "target" else drafter.cfg.block_size
+    spec = DECODERS[decoder]
+    head_name = HEAD_OF[decoder]
+    block = drafter.cfg.block_size if spec.drafter else 1
     ids, lengths = pad_prompts([prompt], multiple=pad_multiple)
     max_len = ids.shape[1] + max_new_tokens + block * settings.branches
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     graphdef, state = nnx.split(models)
+    merged = lambda fn: jax.jit(  # noqa: E731  fn(models, *args) as a jitted function of the state
+        lambda state, *args: fn(nnx.merge(graphdef, state), *args))
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def prefill(graphdef, state, ids, lengths):
-        m = nnx.merge(graphdef, state)
-        out = m.target(ids, cache=KVCache.init(m.target.cfg, 1, max_len, m.target.dtype), num_new=lengths,
-                       tap_layers=taps)
-        ctx = None
-        if m.drafter is not None:
-            ctx = m.drafter.extend_context(ContextCache.init(m.drafter.cfg, 1, max_len, m.target.dtype),
-                                           out.taps, num_new=lengths)
-        return out.cache, ctx
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def draft(graphdef, state, last, ctx):
-        m = nnx.merge(graphdef, state)
-        hidden = m.drafter(m.target.embed(block_inputs(last, block, m.drafter.cfg.mask_token_id)), ctx)
-        return hidden[:, 1:], m.target.logits(hidden[:, 1:])
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def refine(graphdef, state, s, h, last):
-        m = nnx.merge(graphdef, state)
-        return refine_block(decoder, m.head, s, h, last, m.target.embed, settings=settings).tokens
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def verify(graphdef, state, tokens, cache):
-        m = nnx.merge(graphdef, state)
-        out = m.target(tokens, cache=cache, tap_layers=taps)
-        return out.logits, out.taps
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def loop_draft_tokens(graphdef, state, last, ctx):
-        m = nnx.merge(graphdef, state)
-        return loop_draft(m.target, m.drafter, ctx, last, settings,
-                          head=m.head if decoder == "dloop+xpress" else None).tokens
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def loop_verify(graphdef, state, last, drafts, cache):
-        m = nnx.merge(graphdef, state)
-        _, acc, nxt, out = verify_branches(m.target, cache, last, drafts, key=jax.random.key(0), temperature=1.0,
-                                           greedy=True, tap_layers=taps)
-        return acc, nxt, out.cache, out.taps
+    prefill_fn = merged(lambda m, ids, lengths: prefill(m.target, m.drafter, ids, lengths, max_len))
+    draft_fn = merged(lambda m, last, ctx: draft_block(m.target, m.drafter, ctx, last))
+    fold_fn = merged(lambda m: fold_head(head_name, m.head))
+    refine_fn = jax.jit(lambda folded, embed_state, s, h, last: refine_block(
+        head_name, folded, s, h, last, nnx.merge(graphdef, embed_state).target.embed, settings=settings).tokens)
+    verify_fn = merged(lambda m, cache, last, draft: verify_block(m.target, cache, last, draft, taps))
+    loop_draft_fn = merged(lambda m, last, ctx: loop_draft(m.target, m.drafter, ctx, last, settings,
+                                                           head=fold_head(head_name, m.head)).tokens)
+    loop_verify_fn = merged(lambda m, cache, last, drafts: verify_branches(
+        m.target, cache, last, drafts, key=jax.random.key(0), temperature=1.0, greedy=True, tap_layers=taps)[1:])
 
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
-    times = {"prefill_s": _median_seconds(prefill, graphdef, state, ids, lengths, reps=reps)}
-    cache, ctx = prefill(graphdef, state, ids, lengths)
-    last = ids[:, -1]
-    if decoder in LOOP_DECODERS:
-        times["draft_s"] = _median_seconds(loop_draft_tokens, graphdef, state, last, ctx, reps=reps)
-        drafts = loop_draft_tokens(graphdef, state, last, ctx)
+    times = {"prefill_s": median_seconds(prefill_fn, state, ids, lengths, reps=reps), "fold_s": 0.0}
+    out, ctx = prefill_fn(state, ids, lengths)
+    cache, last = out.cache, ids[:, -1]
+    if spec.loop:
+        times["draft_s"] = median_seconds(loop_draft_fn, state, last, ctx, reps=reps)
+        drafts = loop_draft_fn(state, last, ctx)
         times["refine_s"] = 0.0
-        times["verify_s"] = _median_seconds(loop_verify, graphdef, state, last, drafts, cache, reps=reps)
+        times["verify_s"] = median_seconds(loop_verify_fn, state, cache, last, drafts, reps=reps)
         return times
-    tokens = last[:, None]
-    if block > 1:
-        times["draft_s"] = _median_seconds(draft, graphdef, state, last, ctx, reps=reps)
-        h, s = draft(graphdef, state, last, ctx)
-        times["refine_s"] = _median_seconds(refine, graphdef, state, s, h, last, reps=reps)
-        tokens = jnp.concatenate([tokens, refine(graphdef, state, s, h, last)], axis=1)
+    draft = jnp.zeros((1, 0), jnp.int32)
+    if spec.drafter:
+        times["draft_s"] = median_seconds(draft_fn, state, last, ctx, reps=reps)
+        s, h = draft_fn(state, last, ctx)
+        if head_name is not None:
+            times["fold_s"] = median_seconds(fold_fn, state, reps=reps)
+        folded = fold_fn(state)
+        times["refine_s"] = median_seconds(refine_fn, folded, state, s, h, last, reps=reps)
+        draft = refine_fn(folded, state, s, h, last)
     else:
         times["draft_s"] = times["refine_s"] = 0.0
-    times["verify_s"] = _median_seconds(verify, graphdef, state, tokens, cache, reps=reps)
+    times["verify_s"] = median_seconds(verify_fn, state, cache, last, draft, reps=reps)
     return times

@@ -1,9 +1,10 @@
-"""One entry point from the drafter's outputs to a block of draft tokens, for every head.
+"""One entry point from the drafter's outputs to a block of draft tokens, for every head, by
+how the head decodes (`methods.HEADS[name].decode`):
 
-    dflash  argmax s (the drafter alone)
-    markov  serial decode (B-1 dependent steps)
-    gru     serial decode
-    xpress  folded refiner solved by Jacobi (K iterations, early stop, optional top-k candidates)
+    no head  argmax s (the drafter alone: dflash, dloop)
+    serial   B-1 dependent steps (markov, gru)
+    jacobi   the folded refiner solved by Jacobi: K iterations, early stop, optional top-k
+             candidates (xpress)
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ import jax.numpy as jnp
 from xpress_jax.decoding.jacobi import JacobiResult, jacobi_solve, pick_from, top_k_candidates
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.errors import InputError
+from xpress_jax.methods import HEADS, JACOBI, SERIAL
 from xpress_jax.models.heads.baselines import choose
 
-HEAD_NAMES = ("dflash", "markov", "gru", "xpress")
 
-
-def refine_block(name: str, head, s: jax.Array, h: jax.Array, anchor: jax.Array, embed=None, *,
+def refine_block(name: str | None, head, s: jax.Array, h: jax.Array, anchor: jax.Array, embed=None, *,
                  settings: DecodeSettings = DecodeSettings(), noise: jax.Array | None = None,
                  temperature: float = 1.0) -> JacobiResult:
-    """s: [batch, n, vocab] base logits; h: [batch, n, hidden]; anchor: [batch] -> tokens, logits.
-    XPress reads settings.max_iters (Jacobi K), early_stop and top_k (candidate mode).
+    """name: a key of methods.HEADS, or None for the drafter alone.
+    s: [batch, n, vocab] base logits; h: [batch, n, hidden]; anchor: [batch] -> tokens, logits.
+    A Jacobi head (XPress) reads settings.max_iters (Jacobi K), early_stop and top_k (candidate mode).
 
     Greedy without `noise`; with Gumbel noise [batch, n, vocab] each token is argmax(l/T + G),
     a sample from softmax(l/T) of the logits returned. The noise stays fixed across Jacobi
@@ -32,14 +33,15 @@ def refine_block(name: str, head, s: jax.Array, h: jax.Array, anchor: jax.Array,
     -inf outside the candidates, so sampling and verification need not know about the mode.
     """
     batch = s.shape[0]
-    if name == "dflash":
+    if name is None:
         return JacobiResult(tokens=choose(s.astype(jnp.float32), noise, temperature), logits=s.astype(jnp.float32),
                             iterations=jnp.zeros((batch,), jnp.int32))
-    if name in ("markov", "gru"):
+    if name not in HEADS:
+        raise InputError(f"unknown head {name!r}; choose one of {', '.join(HEADS)} (or None: the drafter alone)")
+    if HEADS[name].decode == SERIAL:
         tokens, logits = head.decode_serial(s, h, anchor, embed, noise=noise, temperature=temperature)
         return JacobiResult(tokens=tokens, logits=logits, iterations=jnp.full((batch,), s.shape[1], jnp.int32))
-    if name != "xpress":
-        raise InputError(f"unknown head {name!r}; choose one of {HEAD_NAMES}")
+    assert HEADS[name].decode == JACOBI, name
     max_iters, early_stop, top_k = settings.max_iters, settings.early_stop, settings.top_k
     folded = head.fold()
     c = folded.block_constant(h)  # per-block constant, outside the loop

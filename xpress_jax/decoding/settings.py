@@ -11,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from xpress_jax.errors import InputError
-
-XPRESS_DECODERS = ("xpress", "dloop+xpress")  # read max_iters, early_stop, top_k
-LOOP_DECODERS = ("dloop", "dloop+xpress")  # read branches
+from xpress_jax.methods import DECODERS, decoders_reading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,29 +27,22 @@ class DecodeSettings:
                    branches=branches)
 
     def for_decoder(self, decoder: str) -> "DecodeSettings":
-        """These settings with the knobs `decoder` does not read back at their defaults."""
-        default = DecodeSettings()
-        keep_xpress = decoder in XPRESS_DECODERS
-        return dataclasses.replace(
-            self, max_iters=self.max_iters if keep_xpress else default.max_iters,
-            early_stop=self.early_stop if keep_xpress else default.early_stop,
-            top_k=self.top_k if keep_xpress else default.top_k,
-            branches=self.branches if decoder in LOOP_DECODERS else default.branches)
+        """These settings with the knobs `decoder` does not read (methods.DECODERS) back at their defaults."""
+        reads = DECODERS[decoder].knobs
+        return dataclasses.replace(DecodeSettings(), **{k: getattr(self, k) for k in reads})
 
     def check(self, decoder: str, block: int) -> None:
         """Ranges, and no knob the decoder would silently ignore."""
         ignored = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
                    if getattr(self, f.name) != getattr(self.for_decoder(decoder), f.name)]
         if ignored:
-            readers = {"max_iters": XPRESS_DECODERS, "early_stop": XPRESS_DECODERS, "top_k": XPRESS_DECODERS,
-                       "branches": LOOP_DECODERS}
             name = ignored[0].split("=")[0]
             raise InputError(f"{', '.join(ignored)} would be ignored by decoder {decoder!r}; {name} applies to "
-                             f"{', '.join(readers[name])}")
+                             f"{', '.join(decoders_reading(name))}")
         if self.max_iters < 1:
             raise InputError(f"max_iters (Jacobi K) must be >= 1, got {self.max_iters}")
         if self.top_k < 0:
             raise InputError(f"top_k must be >= 0, got {self.top_k}")
-        if decoder in LOOP_DECODERS and not 1 <= self.branches <= block - 1:
+        if DECODERS[decoder].loop and not 1 <= self.branches <= block - 1:
             raise InputError(f"branches must lie in 1..{block - 1} (one per prefix length of a block of {block}), "
                              f"got {self.branches}")

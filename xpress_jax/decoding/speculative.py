@@ -23,18 +23,15 @@ import numpy as np
 from flax import nnx, struct
 
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
-from xpress_jax.decoding.refine import HEAD_NAMES, refine_block
-from xpress_jax.decoding.settings import LOOP_DECODERS, DecodeSettings
+from xpress_jax.decoding.refine import refine_block
+from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.verify import greedy_accept, gumbel_noise, speculative_accept
 from xpress_jax.errors import InputError
+from xpress_jax.methods import DECODERS, HEAD_OF, HEADS, JACOBI
 from xpress_jax.models.drafter import ContextCache, DFlashDrafter, block_inputs
 from xpress_jax.models.qwen3 import KVCache, Qwen3, write_at
 
 PAD = -1  # fills the output after a sequence stops
-DECODERS = ("target",) + HEAD_NAMES + LOOP_DECODERS  # "target" = target-only decoding
-# the head module each decoder needs (None: the drafter alone, or no drafter)
-HEAD_OF = {"target": None, "dflash": None, "markov": "markov", "gru": "gru", "xpress": "xpress",
-           "dloop": None, "dloop+xpress": "xpress"}
 
 
 class SpecModels(nnx.Module):
@@ -50,7 +47,7 @@ class SpecModels(nnx.Module):
 class DecodeOptions:
     """Static settings: each distinct value compiles once."""
 
-    decoder: str = "dflash"  # one of DECODERS
+    decoder: str = "dflash"  # one of methods.DECODERS
     max_new_tokens: int = 256
     greedy: bool = True
     max_len: int = 0  # cache slots
@@ -104,29 +101,61 @@ def _row(x, index):
     return jnp.take_along_axis(x, index.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
 
 
+# ---- the phases of one speculative step; `decoding/profile.py` times these same functions ----
+
+def prefill(target: Qwen3, drafter: DFlashDrafter | None, prompt, prompt_lens, max_len: int):
+    """The prompt through the target (cache of max_len slots) and the drafter's context from its taps.
+    prompt: [batch, padded] -> (target output, ContextCache or None)."""
+    taps = () if drafter is None else drafter.cfg.target_layer_ids
+    out = target(prompt, cache=KVCache.init(target.cfg, prompt.shape[0], max_len, target.dtype),
+                 num_new=prompt_lens, tap_layers=taps)
+    ctx = None
+    if drafter is not None:
+        ctx = drafter.extend_context(ContextCache.init(drafter.cfg, prompt.shape[0], max_len, target.dtype),
+                                     out.taps, num_new=prompt_lens)
+    return out, ctx
+
+
+def draft_block(target: Qwen3, drafter: DFlashDrafter, ctx, last):
+    """One drafter pass over [last, MASK...]: base logits s [batch, n, vocab] and hidden states h
+    [batch, n, hidden] of the n = B-1 draft positions."""
+    block = drafter.cfg.block_size
+    hidden = drafter(target.embed(block_inputs(last, block, drafter.cfg.mask_token_id)), ctx)  # [b, B, H]
+    return target.logits(hidden[:, 1:]), hidden[:, 1:]
+
+
+def fold_head(head_name: str | None, head):
+    """The per-checkpoint part of a Jacobi head's solve (XPress: W_in folded into W_e, W_h, W_g),
+    done once before the decode loop instead of once per block; serial heads pass through, and a
+    decoder without a head (head_name None) gets None."""
+    if head_name is None:
+        return None
+    return head.fold() if HEADS[head_name].decode == JACOBI else head
+
+
+def verify_block(target: Qwen3, tcache, last, draft, taps):
+    """One target pass over [last, draft] [batch, B] on top of the committed cache."""
+    return target(jnp.concatenate([last[:, None], draft], axis=1), cache=tcache, tap_layers=taps)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "opts"))
 def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, opts: DecodeOptions):
     models = nnx.merge(graphdef, state)
     target, drafter, head = models.target, models.drafter, models.head
     batch = prompt.shape[0]
-    block = 1 if opts.decoder == "target" else drafter.cfg.block_size
+    block = drafter.cfg.block_size if DECODERS[opts.decoder].drafter else 1
     n = block - 1
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     max_new = opts.max_new_tokens
 
     # prefill: the prompt through the target; its first token; the drafter's context
-    out = target(prompt, cache=KVCache.init(target.cfg, batch, opts.max_len, target.dtype),
-                 num_new=prompt_lens, tap_layers=taps)
+    out, ctx = prefill(target, drafter, prompt, prompt_lens, opts.max_len)
     key, k_first = jax.random.split(key)
     last_logits = _row(out.logits, prompt_lens - 1)  # [batch, vocab]
     if opts.greedy:
         first = jnp.argmax(last_logits, -1).astype(jnp.int32)
     else:
         first = jax.random.categorical(k_first, last_logits / temperature).astype(jnp.int32)
-    ctx = None
-    if drafter is not None:
-        ctx = drafter.extend_context(ContextCache.init(drafter.cfg, batch, opts.max_len, target.dtype),
-                                     out.taps, num_new=prompt_lens)
     buf = jnp.full((batch, max_new + block), PAD, jnp.int32).at[:, 0].set(first)
     done = _is_stop(first, stop_ids) | (max_new <= 1)
     stats = DecodeStats(steps=jnp.zeros((batch,), jnp.int32), committed=jnp.zeros((batch,), jnp.int32),
@@ -135,29 +164,29 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
                         per_step=jnp.zeros((batch, max_new), jnp.int32))
     slots = jnp.arange(block, dtype=jnp.int32)
 
-    loop = opts.decoder in LOOP_DECODERS
+    loop = DECODERS[opts.decoder].loop
+    head_name = HEAD_OF[opts.decoder]
+    head = fold_head(head_name, head)  # hoisted out of the loop: the weights do not change between blocks
 
     def draft_and_verify(tcache, ctx, last, k_noise, k_accept):
         """-> the drafted block [batch, n], acc, the target's next token, the target's output over the
         kept block (cache and taps as if only that block had been run) and Jacobi iterations."""
         if loop:
-            d = loop_draft(target, drafter, ctx, last, opts.settings,
-                           head=head if opts.decoder == "dloop+xpress" else None)
+            d = loop_draft(target, drafter, ctx, last, opts.settings, head=head)
             branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens, key=k_accept,
                                                        temperature=temperature, greedy=opts.greedy, tap_layers=taps)
             return _row(d.tokens, branch), acc, nxt, verify, d.iterations
         iterations = jnp.zeros((batch,), jnp.int32)
         if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
-            hidden = drafter(target.embed(block_inputs(last, block, drafter.cfg.mask_token_id)), ctx)  # [b, B, H]
-            s = target.logits(hidden[:, 1:])  # [batch, n, vocab]
+            s, h = draft_block(target, drafter, ctx, last)  # [batch, n, vocab], [batch, n, hidden]
             noise = None if opts.greedy else gumbel_noise(k_noise, s.shape)
-            res = refine_block(opts.decoder, head, s, hidden[:, 1:], last, target.embed, settings=opts.settings,
+            res = refine_block(head_name, head, s, h, last, target.embed, settings=opts.settings,
                                noise=noise, temperature=temperature)
             draft, draft_logits, iterations = res.tokens, res.logits, res.iterations
         else:
             draft = jnp.zeros((batch, 0), jnp.int32)
             draft_logits = jnp.zeros((batch, 0, target.cfg.vocab_size), jnp.float32)
-        verify = target(jnp.concatenate([last[:, None], draft], axis=1), cache=tcache, tap_layers=taps)
+        verify = verify_block(target, tcache, last, draft, taps)
         if opts.greedy:
             acc, nxt = greedy_accept(draft, verify.logits)
         else:
@@ -205,8 +234,8 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
 
 def check_compatible(models: SpecModels, decoder: str) -> None:
     if decoder not in DECODERS:
-        raise InputError(f"unknown head {decoder!r}; choose one of {DECODERS}")
-    if decoder == "target":
+        raise InputError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
+    if not DECODERS[decoder].drafter:
         return
     if models.drafter is None:
         raise InputError(f"head {decoder!r} needs a drafter")
@@ -237,7 +266,7 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     vocab = models.target.cfg.vocab_size
     if ids.max() >= vocab or ids.min() < 0:
         raise InputError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
-    block = 1 if decoder == "target" else models.drafter.cfg.block_size
+    block = models.drafter.cfg.block_size if DECODERS[decoder].drafter else 1
     settings.check(decoder, block)
     branches = settings.branches
     width = block * branches  # the tokens one verification writes past the committed ones

@@ -12,9 +12,7 @@ import jax
 from flax import nnx
 
 from xpress_jax import cli
-from xpress_jax.config import drafter_config, head_kwargs, target_config
-from xpress_jax.models.drafter import DFlashDrafter
-from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
+from xpress_jax.assemble import drafter_config, new_drafter, new_head, target_config
 from xpress_jax.models.qwen3 import Qwen3
 
 
@@ -27,15 +25,15 @@ def component_counts(config) -> dict[str, int]:
     """target, drafter, each head, and xpress_core (the refiner minus its two vocabulary maps)."""
     target_cfg = target_config(config)
     drafter_cfg = drafter_config(config, target_cfg)
-    abstract = lambda cls, *a, **kw: nnx.eval_shape(lambda: cls(*a, rngs=nnx.Rngs(0), **kw))  # noqa: E731
-    refiner = abstract(XPressRefiner, **head_kwargs("xpress", config, drafter_cfg))
+    head = lambda name: nnx.eval_shape(lambda: new_head(name, config, drafter_cfg))  # noqa: E731
+    refiner = head("xpress")
     return {
-        "target": count(abstract(Qwen3, target_cfg)),
-        "drafter": count(abstract(DFlashDrafter, drafter_cfg)),
+        "target": count(nnx.eval_shape(lambda: Qwen3(target_cfg, rngs=nnx.Rngs(0)))),
+        "drafter": count(nnx.eval_shape(lambda: new_drafter(config, drafter_cfg))),
         "xpress_refiner": count(refiner),
         "xpress_core": count(refiner) - math.prod(refiner.W_e.shape) - math.prod(refiner.W_r.shape),
-        "markov_head": count(abstract(MarkovHead, **head_kwargs("markov", config, drafter_cfg))),
-        "gru_head": count(abstract(GRUHead, **head_kwargs("gru", config, drafter_cfg))),
+        "markov_head": count(head("markov")),
+        "gru_head": count(head("gru")),
     }
 
 

@@ -23,7 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
 from xpress_jax import sharding
-from xpress_jax.config import dtype, target_config
+from xpress_jax.assemble import target_config, trainable_dtypes
+from xpress_jax.config import dtype
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.qwen3 import Qwen3
 from xpress_jax.training import state as st
@@ -153,8 +154,8 @@ class TargetLayout:
     def __init__(self, config, *, abstract: bool):
         p = config.pretrain
         self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
-        kw = dict(dtype=dtype(config.dtype), param_dtype=dtype(config.param_dtype))
-        make = lambda: Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **kw)  # noqa: E731
+        # the target being trained holds float32 master weights like any trainable
+        make = lambda: Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **trainable_dtypes(config))  # noqa: E731
         model = nnx.eval_shape(make) if abstract else make()
         self.graphdef, params = st.split_params(model)
         shardings = st.param_shardings(st.flat_axes(model), {k: v.shape for k, v in params.items()}, self.mesh)

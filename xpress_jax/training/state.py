@@ -11,6 +11,7 @@ from flax import nnx
 from xpress_jax import sharding
 from xpress_jax.checkpoints.keymap import dotted, path_tuple
 from xpress_jax.errors import ConfigError
+from xpress_jax.methods import HEADS
 
 TRAINABLE_CHOICES = ("drafter", "heads", "all")
 
@@ -20,12 +21,11 @@ class Trainable(nnx.Module):
 
     def __init__(self, drafter, heads: dict):
         self.drafter = drafter
-        self.xpress = heads.get("xpress")
-        self.markov = heads.get("markov")
-        self.gru = heads.get("gru")
+        for name in HEADS:  # one attribute per registered head: parameter paths read "xpress.W_e", ...
+            setattr(self, name, heads.get(name))
 
     def head_names(self) -> tuple[str, ...]:
-        return tuple(n for n in ("xpress", "markov", "gru") if getattr(self, n) is not None)
+        return tuple(n for n in HEADS if getattr(self, n) is not None)
 
 
 def flat_params(module: nnx.Module) -> dict[str, jax.Array]:

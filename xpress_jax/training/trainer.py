@@ -20,12 +20,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
 from xpress_jax import sharding
-from xpress_jax.config import drafter_config, dtype, head_kwargs, target_config
+from xpress_jax.assemble import build_target, build_trainable, trainable_dtypes
 from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
-from xpress_jax.models.drafter import DFlashDrafter
-from xpress_jax.models.heads import HEADS
-from xpress_jax.models.qwen3 import Qwen3
 from xpress_jax.training import state as st
 from xpress_jax.training.state_checkpoints import Checkpointer
 from xpress_jax.training.distributed import maybe_initialize_distributed
@@ -44,31 +41,6 @@ def loss_settings(config) -> LossSettings:
     if s.dloop > 0 and tuple(t.heads):
         raise ConfigError("D-Loop trains the drafter alone: set train.heads=() with train.loss.dloop > 0")
     return s
-
-
-def build_trainable(config, target_cfg, *, abstract: bool = False) -> st.Trainable:
-    kw = dict(dtype=dtype(config.dtype), param_dtype=dtype(config.param_dtype))
-    dcfg = drafter_config(config, target_cfg)
-    unknown = [h for h in config.train.heads if h not in HEADS]
-    if unknown:
-        raise ConfigError(f"unknown heads {unknown} in train.heads; choose from {sorted(HEADS)}")
-
-    def make():
-        drafter = DFlashDrafter(dcfg, rngs=nnx.Rngs(config.seed + 1), **kw)
-        heads = {h: HEADS[h](rngs=nnx.Rngs(config.seed + 2), **head_kwargs(h, config, dcfg), **kw)
-                 for h in config.train.heads}
-        return st.Trainable(drafter, heads)
-    return nnx.eval_shape(make) if abstract else make()
-
-
-def build_frozen_target(config, mesh, *, abstract: bool = False) -> Qwen3:
-    from xpress_jax.assemble import target_dtypes
-    kw = target_dtypes(config)
-    if config.target.hf_dir and not abstract:
-        from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
-        return load_qwen3(config.target.hf_dir, mesh=mesh, **kw)
-    make = lambda: Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **kw)  # noqa: E731
-    return nnx.eval_shape(make) if abstract else make()
 
 
 def place(params: dict, axes: dict, mesh) -> tuple[dict, dict]:
@@ -95,7 +67,7 @@ class Setup:
     def __init__(self, config, *, abstract: bool, num_records: int | None = None):
         self.config = config
         self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
-        target = build_frozen_target(config, self.mesh, abstract=abstract)
+        target = build_target(config, mesh=self.mesh, abstract=abstract)
         trainable = build_trainable(config, target.cfg, abstract=abstract)
         trainable.drafter.cfg.check_target(target.cfg)
         self.drafter_cfg = trainable.drafter.cfg
@@ -334,7 +306,7 @@ def initial_params(setup: Setup, config, directory: str) -> dict:
     `directory/heads/` loaded over them; the heads not found stay freshly initialised."""
     from xpress_jax.checkpoints.heads import head_file, load_head
     from xpress_jax.checkpoints.hf_drafter import load_drafter
-    drafter = load_drafter(directory, dtype=dtype(config.dtype), param_dtype=dtype(config.param_dtype))
+    drafter = load_drafter(directory, **trainable_dtypes(config))
     if drafter.cfg != setup.drafter_cfg:
         diff = {f: (getattr(drafter.cfg, f), getattr(setup.drafter_cfg, f)) for f in vars(setup.drafter_cfg)
                 if getattr(drafter.cfg, f) != getattr(setup.drafter_cfg, f)}

@@ -73,7 +73,7 @@ class XPressRefiner(nnx.Module):
         W_in = self._w(self.W_in)
         return FoldedXPress(E=self._w(self.W_e) @ W_in[:r], H=self._w(self.W_h) @ W_in[r:2 * r],
                             G=self._w(self.W_g) @ W_in[2 * r:], L=self._w(self.L), gate=self._w(self.mlp_gate),
-                            up=self._w(self.mlp_up), down=self._w(self.mlp_down), W_r=self._w(self.W_r))
+                            up=self._w(self.mlp_up), down=self._w(self.mlp_down), W_r_T=self._w(self.W_r).T)
 
 
 @struct.dataclass
@@ -87,7 +87,14 @@ class FoldedXPress:
     gate: jax.Array
     up: jax.Array
     down: jax.Array
-    W_r: jax.Array  # [r, vocab]
+    # W_r transposed once at fold time, [vocab, r]: each vocabulary row's r weights are contiguous,
+    # the layout the Markov head's readout has, measured ~13% faster per Jacobi iteration on a CPU
+    # at Qwen3-8B shapes (python -m xpress_jax.bench), and candidate mode gathers whole rows
+    W_r_T: jax.Array
+
+    def fold(self) -> "FoldedXPress":
+        """Already folded (so a solver can take either form)."""
+        return self
 
     def block_constant(self, h: jax.Array) -> jax.Array:
         """The part of m_k that does not depend on tokens: mix(h H + g G) [batch, n, r]."""
@@ -102,14 +109,14 @@ class FoldedXPress:
     def logits(self, s: jax.Array, c: jax.Array, prev_tokens: jax.Array) -> jax.Array:
         """Full-vocabulary l [batch, n, vocab]."""
         z = self.z(c, prev_tokens)
-        return s.astype(jnp.float32) + jnp.einsum("bnr,rv->bnv", z, self.W_r, preferred_element_type=jnp.float32)
+        return s.astype(jnp.float32) + jnp.einsum("bnr,vr->bnv", z, self.W_r_T, preferred_element_type=jnp.float32)
 
     def candidate_readout(self, candidates: jax.Array) -> jax.Array:
-        """W_r columns of each position's candidates: candidates [batch, n, k] -> [batch, n, r, k]."""
-        return jnp.moveaxis(jnp.take(self.W_r, candidates, axis=1), 0, 2)
+        """W_r columns of each position's candidates: candidates [batch, n, k] -> [batch, n, k, r]."""
+        return jnp.take(self.W_r_T, candidates, axis=0)
 
     def candidate_logits(self, s_cand: jax.Array, W_r_cand: jax.Array, c: jax.Array, prev_tokens: jax.Array) -> jax.Array:
         """l restricted to the candidates: s_cand [batch, n, k] + z . W_r[:, cand] -> [batch, n, k]."""
         z = self.z(c, prev_tokens)
-        return s_cand.astype(jnp.float32) + jnp.einsum("bnr,bnrk->bnk", z, W_r_cand,
+        return s_cand.astype(jnp.float32) + jnp.einsum("bnr,bnkr->bnk", z, W_r_cand,
                                                        preferred_element_type=jnp.float32)

@@ -1,0 +1,73 @@
+"""The benchmarks: the cost model counts what XLA counts, the roofline verdict follows the
+measured peaks, and each suite runs as a user runs it and writes its figures and plots."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from cli_helpers import ROOT, run
+from xpress_jax.bench import costs
+
+SMALL = costs.Shapes(batch=2, n=5, vocab=300, hidden=32, rank=8, gru_hidden=8, proj_dim=8, weight_bytes=4)
+
+
+def xla_flops(fn, *args) -> float:
+    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+    return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
+
+
+def test_matmul_flops_equal_xla_cost_analysis():
+    h = jnp.ones((SMALL.batch, SMALL.n, SMALL.hidden))
+    table = jnp.ones((SMALL.vocab, SMALL.hidden))
+    assert costs.lm_head(SMALL).flops == xla_flops(lambda x, t: jnp.einsum("bnh,vh->bnv", x, t), h, table)
+    z = jnp.ones((SMALL.batch * SMALL.n, SMALL.rank))
+    w_r = jnp.ones((SMALL.rank, SMALL.vocab))
+    readout = 2.0 * SMALL.batch * SMALL.n * SMALL.rank * SMALL.vocab  # the iteration's dominant term
+    assert readout == xla_flops(lambda a, b: a @ b, z, w_r)
+    assert costs.xpress_iteration(SMALL).flops >= readout
+
+
+def test_serial_heads_stream_their_readout_once_per_step_and_xpress_once_per_iteration():
+    v_r = SMALL.vocab * SMALL.rank * SMALL.weight_bytes
+    logits = 2 * SMALL.batch * SMALL.n * SMALL.vocab * 4
+    assert costs.markov_serial(SMALL).bytes == SMALL.n * v_r + logits
+    k4 = costs.xpress_exact(SMALL, 4).bytes - costs.xpress_block_constant(SMALL).bytes
+    assert k4 == pytest.approx(4 * costs.xpress_iteration(SMALL).bytes)
+    assert costs.xpress_iteration(SMALL).bytes > v_r  # W_r read once per iteration for every position
+
+
+def test_roofline_verdict_follows_the_peaks():
+    cost = costs.Cost(flops=1e9, bytes=1e9)
+    assert costs.bound(cost, {"matmul_flops_per_s": 1e12, "read_bytes_per_s": 1e10}, 0.2)["bound"] == "memory"
+    verdict = costs.bound(cost, {"matmul_flops_per_s": 1e9, "read_bytes_per_s": 1e12}, 2.0)
+    assert verdict["bound"] == "compute" and verdict["roofline_fraction"] == 0.5
+
+
+def test_heads_and_train_suites_write_their_figures(tmp_path):
+    tiny = os.path.join(ROOT, "configs", "tiny.py")
+    r = run("xpress_jax.bench", "--suite=heads", f"--config={tiny}", "--reps=1", "--batches=2", "--context=32",
+            f"--out={tmp_path}", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "heads.json") as f:
+        heads = json.load(f)
+    assert set(heads["batches"]) == {"2"} and heads["jax"] == jax.__version__ and heads["date"]
+    for result in heads["batches"].values():
+        assert result["ratio_to_markov"]["markov"] == 1.0
+        assert {"drafter_forward", "lm_head", "xpress_fold", "xpress_K8", "xpress_K4_top8"} <= set(result["seconds"])
+        assert all(c["bound"] in ("compute", "memory") and c["gflops"] > 0 for c in result["costs"].values())
+        assert 1 <= result["early_stop_iterations_random_weights"] <= 4
+    for png in ("heads-latency_vs_k.png", "heads-draft_step.png"):
+        assert os.path.getsize(tmp_path / png) > 0
+    assert "XPress K=4" in r.stdout and "Traceback" not in r.stderr
+
+    r = run("xpress_jax.bench", "--suite=train", f"--config={tiny}", f"--train_config={tiny}", "--train_steps=1",
+            f"--out={tmp_path}", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "train.json") as f:
+        train = json.load(f)
+    assert len(train["variants"]) == 4 and all(v["tokens_per_s"] > 0 for v in train["variants"].values())
+    assert max(v["relative_to_fastest"] for v in train["variants"].values()) == 1.0
+    assert train["dry_run"]["peak_gib"] > 0

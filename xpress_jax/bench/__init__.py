@@ -1,0 +1,8 @@
+"""Benchmarks, reported as ratios measured side by side in one run (never as test assertions).
+
+    python -m xpress_jax.bench --suite=heads|e2e|train|all [--out=benchmarks/cpu]
+
+`heads.py`: the draft step at Qwen3-8B shapes on random weights, each call with its FLOPs, bytes
+and roofline bound (`costs.py`); `e2e.py`: decoding speed and the heads' costs on the tiny
+reproduction's trained checkpoints; `train.py`: train-step throughput and the 8B step's memory.
+"""

@@ -1,0 +1,119 @@
+"""python -m xpress_jax.bench --suite=heads|e2e|train|all [--out=DIR]
+
+Each suite writes DIR/SUITE.json (date, device, jax version, shapes, every figure) and its PNG
+plots, and prints a short summary. `--config` gives the shapes of the heads suite and the large
+config of the train suite's memory report (default configs/qwen3_8b.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+
+from absl import flags
+
+from xpress_jax import cli
+
+SUITES = ("heads", "e2e", "train")
+flags.DEFINE_enum("suite", "heads", SUITES + ("all",), "Which benchmarks to run.")
+flags.DEFINE_string("out", "benchmarks/cpu", "Directory for the JSON results and plots.")
+flags.DEFINE_integer("reps", 5, "Timed repetitions per call (the median is reported).")
+flags.DEFINE_list("batches", ["1", "8"], "Batch sizes of the heads and e2e suites.")
+flags.DEFINE_integer("context", 512, "heads: committed positions the drafter attends to.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                  "heads: compute and weight dtype (float32 on CPUs, where bfloat16 matmuls are emulated).")
+flags.DEFINE_string("run_dir", "runs/repro", "e2e: a finished tiny reproduction (python -m xpress_jax.reproduce).")
+flags.DEFINE_string("repro_config", cli.config_path("tiny_repro.py"), "e2e: the config that reproduction ran.")
+flags.DEFINE_integer("num_prompts", 8, "e2e: GSM8K test prompts.")
+flags.DEFINE_integer("max_new_tokens", 128, "e2e: tokens generated per prompt.")
+flags.DEFINE_integer("candidate_k", 8, "e2e: candidates per position of XPress candidate mode (top-k).")
+flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.")
+flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.")
+FLAGS = flags.FLAGS
+
+
+def machine() -> dict:
+    import jax
+    return {"date": datetime.date.today().isoformat(), "device": jax.devices()[0].device_kind,
+            "device_count": jax.device_count(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "jax": jax.__version__}
+
+
+def run_heads(config, out: str) -> dict:
+    from xpress_jax import plots
+    from xpress_jax.bench import heads
+    with config.unlocked():
+        config.dtype = config.param_dtype = FLAGS.dtype
+    result = heads.suite(config, batches=[int(b) for b in FLAGS.batches], context=FLAGS.context, reps=FLAGS.reps)
+    plots.latency_against_k(result, os.path.join(out, "heads-latency_vs_k.png"))
+    plots.draft_step_breakdown(result, os.path.join(out, "heads-draft_step.png"))
+    for batch, r in result["batches"].items():
+        ratio = r["ratio_to_markov"]
+        print(f"heads batch {batch}: XPress K=4 {ratio['xpress_K4']:.2f}x Markov, early stop "
+              f"{ratio['xpress_K4_early_stop']:.2f}x, top-32 {ratio['xpress_K4_top32']:.3f}x; "
+              f"Markov {r['costs']['markov']['bound']}-bound; drafter forward {r['seconds']['drafter_forward'] * 1e3:.1f} ms, "
+              f"LM head {r['seconds']['lm_head'] * 1e3:.1f} ms, Markov {r['seconds']['markov'] * 1e3:.1f} ms")
+    return result
+
+
+def run_e2e(out: str, heads_result: dict | None) -> dict:
+    from xpress_jax import plots
+    from xpress_jax.bench import e2e
+    repro = cli.load_config(FLAGS.repro_config)
+    result = e2e.suite(repro, FLAGS.run_dir, out, num_prompts=FLAGS.num_prompts, max_new_tokens=FLAGS.max_new_tokens,
+                       top_k=FLAGS.candidate_k, batches=[int(b) for b in FLAGS.batches], reps=FLAGS.reps)
+    if heads_result is not None:
+        used = result["real_blocks"]["early_stop_iterations"]["xpress_K4_early_stop"]
+        result["projected_early_stop_at_heads_shapes"] = e2e.projected_early_stop(heads_result, used)
+    plots.e2e_speed(result, os.path.join(out, "e2e-speed.png"))
+    rb = result["real_blocks"]
+    print(f"e2e: early stop uses {rb['early_stop_iterations']['xpress_K4_early_stop']:.2f} of 4 Jacobi iterations "
+          f"({rb['early_stop_iterations']['xpress_K15_early_stop']:.2f} to the fixed point) on {rb['blocks']} real blocks; "
+          f"top-{FLAGS.candidate_k} candidate agreement {rb['candidate_agreement_K4']:.4f}")
+    for label, r in result["decode"].items():
+        print(f"e2e decode {label}: tau {r['tau']:.2f}, {r['tokens_per_s']:.1f} tokens/s, {r['speedup']:.2f}x")
+    return result
+
+
+def run_train(config_path: str) -> dict:
+    from xpress_jax.bench import train
+    result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps)
+    for name, v in result["variants"].items():
+        print(f"train {name}: {v['tokens_per_s']:.0f} tokens/s ({v['relative_to_fastest']:.2f} of the fastest)")
+    print(f"train --dry_run {os.path.basename(config_path)}: peak {result['dry_run'].get('peak_gib')} GiB per device")
+    return result
+
+
+def _earlier(out: str, suite: str) -> dict | None:
+    """A suite's results written to `out` by an earlier run (the e2e projection reads heads')."""
+    path = os.path.join(out, f"{suite}.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(config):
+    out = FLAGS.out
+    os.makedirs(out, exist_ok=True)
+    config_path = cli.config_file()
+    suites = SUITES if FLAGS.suite == "all" else (FLAGS.suite,)
+    results = {}
+    for suite in suites:
+        if suite == "heads":
+            results[suite] = run_heads(config, out)
+        elif suite == "e2e":
+            results[suite] = run_e2e(out, results.get("heads") or _earlier(out, "heads"))
+        else:
+            results[suite] = run_train(config_path)
+        path = os.path.join(out, f"{suite}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"suite": suite, **machine(), **results[suite]}, f, indent=2)
+        os.replace(path + ".tmp", path)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    cli.run(main, default_config=cli.config_path("qwen3_8b.py"))

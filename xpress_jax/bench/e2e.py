@@ -1,0 +1,107 @@
+"""The `e2e` suite: the costs that only mean something on trained weights, on the tiny
+reproduction's checkpoints (`python -m xpress_jax.reproduce`, default runs/repro).
+
+1. Tokens/s of every trained method against target-only decoding, in one evaluation run.
+2. The heads on the frozen DFlash drafter's real blocks (GSM8K test prompts, the target's own
+   continuations): how many Jacobi iterations early stop uses, and the latency of each head's
+   solve side by side (Markov and GRU serial, exact XPress at K = 4, early stop, candidate mode).
+3. Candidate mode against the exact refiner at the same K: token agreement and tau.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from xpress_jax.decoding.jacobi import candidate_agreement as agreement_of
+from xpress_jax.decoding.profile import median_seconds
+from xpress_jax.decoding.refine import refine_block
+from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.errors import InputError
+
+# the heads compared on one drafter's blocks: all three were trained on the frozen dflash/ drafter
+SAME_DRAFTER = {"markov": "markov", "gru": "gru", "xpress": "xpress.frozen"}
+
+
+def _check_run(run: str) -> None:
+    from xpress_jax.reproduction import TRAIN_STAGES, is_done
+    missing = [s for s in ("target", *TRAIN_STAGES) if not is_done(run, s)]
+    if missing:
+        raise InputError(f"{run}: stages {missing} are not done; run python -m xpress_jax.reproduce first "
+                         f"(or point --run_dir at a finished reproduction)")
+
+
+def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_tokens: int = 128, top_k: int = 8,
+          batches=(1, 8), reps: int = 5) -> dict:
+    from xpress_jax.assemble import build_drafter, build_head, build_target
+    from xpress_jax.decoding.speculative import SpecModels, generate_greedy
+    from xpress_jax.evaluation import anchored_sequences, drafter_blocks, encode_prompts, evaluate
+    from xpress_jax.data.questions import load_questions
+    from xpress_jax.reproduction import stage_config, trained_methods
+
+    _check_run(run)
+    c = stage_config(config, run, "eval")
+    e = {**c.eval.to_dict(), "datasets": ("gsm8k",), "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
+         "temperature": 0.0, "jacobi_k": (), "candidate_k": top_k, "time_split": False, "dloop_branches": (1,),
+         "out_dir": os.path.join(out_dir, "e2e-eval")}
+    report, failures = evaluate(c, trained_methods(run, (1,)), e, check_lossless=True)
+    rows = report["results"]["gsm8k"]
+    out = {"run_dir": run, "prompts": num_prompts, "max_new_tokens": max_new_tokens, "lossless_failures": failures,
+           "decode": {label: {k: r[k] for k in ("tau", "tokens_per_s", "speedup", "mean_iterations")}
+                      for label, r in rows.items()},
+           "candidate": {label: r["candidate"] for label, r in rows.items() if "candidate" in r}}
+
+    # real blocks of the frozen dflash/ drafter, at every position of the target's own continuations
+    target = build_target(c)
+    drafter = build_drafter(c, target, os.path.join(run, "dflash", "export"))
+    heads = {name: build_head(name, c, drafter.cfg, os.path.join(run, stage, "export"))
+             for name, stage in SAME_DRAFTER.items()}
+    prompts, _, stops = encode_prompts(c, load_questions("gsm8k", num_prompts), c.eval.max_prompt_tokens)
+    continuations = generate_greedy(target, prompts, max_new_tokens=max_new_tokens, stop_ids=stops).tokens
+    blocks_of = drafter_blocks(SpecModels(target, drafter))
+    parts = [blocks_of(ids, anchors) for ids, anchors, _ in anchored_sequences(list(zip(prompts, continuations)), 32)]
+    s, h, last = (np.concatenate([np.asarray(p[i]) for p in parts]) for i in range(3))  # [blocks, n, ...]
+    table = target.embed_tokens.get_value()  # [vocab, hidden]: the GRU head embeds x_{k-1} with it
+
+    def solver(name, **knobs):
+        settings = DecodeSettings(**knobs)
+        graph, weights = nnx.split(heads[name])
+        return jax.jit(lambda w, tab, s, h, a: refine_block(
+            name, nnx.merge(graph, w), s, h, a, lambda ids: jnp.take(tab, ids, axis=0), settings=settings)), weights
+
+    variants = {"markov": solver("markov"), "gru": solver("gru"),
+                "xpress_K4": solver("xpress", max_iters=4, early_stop=False),
+                "xpress_K4_early_stop": solver("xpress", max_iters=4, early_stop=True),
+                "xpress_K15_early_stop": solver("xpress", max_iters=15, early_stop=True),
+                f"xpress_K4_top{top_k}": solver("xpress", max_iters=4, early_stop=False, top_k=top_k)}
+    every = {name: fn(w, table, s, h, last) for name, (fn, w) in variants.items()}  # all blocks at once
+    out["real_blocks"] = {
+        "blocks": int(s.shape[0]),
+        "early_stop_iterations": {name: float(np.mean(np.asarray(every[name].iterations)))
+                                  for name in ("xpress_K4_early_stop", "xpress_K15_early_stop")},
+        "candidate_agreement_K4": float(agreement_of(every["xpress_K4"].tokens, every[f"xpress_K4_top{top_k}"].tokens)),
+        "by_batch": {}}
+    for batch in batches:
+        if batch > s.shape[0]:
+            continue
+        args = (table, s[:batch], h[:batch], last[:batch])
+        seconds = {name: median_seconds(fn, w, *args, reps=reps) for name, (fn, w) in variants.items()}
+        out["real_blocks"]["by_batch"][str(batch)] = {
+            "seconds": seconds, "ratio_to_markov": {k: v / seconds["markov"] for k, v in seconds.items()}}
+    return out
+
+
+def projected_early_stop(heads_result: dict, iterations: float) -> dict:
+    """Exact XPress at the measured mean early-stop iteration count, read off the heads suite's
+    latency-vs-K line at the config's shapes (linear between measured K), against Markov."""
+    out = {}
+    for batch, r in heads_result["batches"].items():
+        ks = sorted(int(k[len("xpress_K"):]) for k in r["seconds"] if k[len("xpress_K"):].isdigit())
+        at_k = np.interp(iterations, ks, [r["seconds"][f"xpress_K{k}"] for k in ks])
+        out[batch] = {"iterations": iterations, "seconds": float(at_k),
+                      "ratio_to_markov": float(at_k / r["seconds"]["markov"])}
+    return out

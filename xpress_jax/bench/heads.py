@@ -1,0 +1,122 @@
+"""The `heads` suite: the draft step at a config's shapes (default Qwen3-8B: vocabulary 151,936,
+hidden 4,096, a 5-layer drafter, rank 256, block 16), on random weights, side by side.
+
+Per batch size: the drafter's forward pass and the LM-head readout of the same block (the XPress
+paper's Figure 5 breakdown), then each head turning s into a block: Markov and GRU (15 dependent
+steps), exact XPress at K = 1..8 Jacobi iterations, with early stop, in candidate mode (top-k),
+and the once-per-checkpoint fold. Each figure is a median over jitted calls after warm-up, with its
+FLOPs, bytes and roofline bound (`costs.py`). Timings are real; agreement and early-stop counts on
+random weights only illustrate the measurement (the `e2e` suite measures them on trained heads).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from xpress_jax.assemble import drafter_config, new_drafter, new_head, target_config
+from xpress_jax.bench import costs
+from xpress_jax.decoding.jacobi import candidate_agreement
+from xpress_jax.decoding.profile import median_seconds
+from xpress_jax.decoding.refine import refine_block
+from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.models.drafter import ContextCache
+
+JACOBI_K = (1, 2, 4, 6, 8)
+TOP_K = (8, 32)
+
+
+def _random_like(module: nnx.Module, seed: int, std: float) -> nnx.Module:
+    """Every weight redrawn (zero-initialised readouts would make the iterations trivial)."""
+    keys = iter(jax.random.split(jax.random.key(seed), 256))
+    for _, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        var.set_value((std * jax.random.normal(next(keys), var.shape)).astype(var.get_value().dtype))
+    return module
+
+
+def build(config, seed: int = 0) -> dict:
+    """Drafter, heads and a tied embedding / LM-head table at the config's shapes."""
+    tcfg = target_config(config)
+    dcfg = drafter_config(config, tcfg)
+    table = 0.02 * jax.random.normal(jax.random.key(seed), (tcfg.vocab_size, tcfg.hidden_size), jnp.float32)
+    heads = {name: _random_like(new_head(name, config, dcfg), seed + i + 1, 0.05)
+             for i, name in enumerate(("markov", "gru", "xpress"))}
+    return {"target_cfg": tcfg, "drafter_cfg": dcfg, "drafter": new_drafter(config, dcfg), "table": table,
+            "heads": heads}
+
+
+def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: dict | None = None) -> dict:
+    m = build(config)
+    tcfg, dcfg, table = m["target_cfg"], m["drafter_cfg"], m["table"]
+    peaks = peaks or costs.machine_peaks(reps)
+    wbytes = jnp.dtype(jax.tree.leaves(nnx.state(m["heads"]["xpress"], nnx.Param))[0].dtype).itemsize
+    folded = m["heads"]["xpress"].fold()
+    drafter_graph, drafter_state = nnx.split(m["drafter"])
+    drafter_params = int(sum(np.prod(v.shape) for v in jax.tree.leaves(nnx.state(m["drafter"], nnx.Param))))
+    block, n = dcfg.block_size, dcfg.block_size - 1
+    out = {"shapes": {"vocab": tcfg.vocab_size, "hidden": tcfg.hidden_size, "block": block, "rank": config.heads.rank,
+                      "drafter_layers": dcfg.num_hidden_layers, "drafter_params": drafter_params,
+                      "context": context, "weight_bytes": wbytes, "compute_dtype": config.dtype},
+           "machine": peaks, "batches": {}}
+    for batch in batches:
+        d = costs.Shapes(batch=batch, n=n, vocab=tcfg.vocab_size, hidden=tcfg.hidden_size, rank=config.heads.rank,
+                         gru_hidden=config.heads.gru_hidden, proj_dim=config.heads.proj_dim, weight_bytes=wbytes)
+        keys = jax.random.split(jax.random.key(100 + batch), 4)
+        s = 3.0 * jax.random.normal(keys[0], (batch, n, tcfg.vocab_size))  # [batch, n, vocab]
+        h = jax.random.normal(keys[1], (batch, n, tcfg.hidden_size))  # [batch, n, hidden]
+        anchor = jax.random.randint(keys[2], (batch,), 0, tcfg.vocab_size)
+        taps = jax.random.normal(keys[3], (batch, context, len(dcfg.target_layer_ids), tcfg.hidden_size))
+        ctx = m["drafter"].extend_context(ContextCache.init(dcfg, batch, context + block, jnp.float32), taps)
+        block_embeds = jax.random.normal(keys[0], (batch, block, tcfg.hidden_size))
+
+        def refine(name, head, **knobs):
+            """A jitted solve taking the head's weights and the embedding table as arguments (closed
+            over, gigabytes of weights would be baked into the program as constants)."""
+            settings = DecodeSettings(**knobs)
+            graph, weights = nnx.split(head) if isinstance(head, nnx.Module) else (None, head)
+            as_head = (lambda w: nnx.merge(graph, w)) if graph is not None else (lambda w: w)
+
+            def solve(w, tab, s, h, a):
+                return refine_block(name, as_head(w), s, h, a, lambda ids: jnp.take(tab, ids, axis=0),
+                                    settings=settings)
+            return jax.jit(solve), (weights, table, s, h, anchor)
+
+        xpress_graph, xpress_state = nnx.split(m["heads"]["xpress"])
+        calls = {  # name -> (jitted function, its arguments, its cost)
+            "drafter_forward": (jax.jit(lambda st, x, c: nnx.merge(drafter_graph, st)(x, c)),
+                                (drafter_state, block_embeds, ctx),
+                                costs.drafter_forward(d, drafter_params, block, context, dcfg.num_hidden_layers,
+                                                      dcfg.num_key_value_heads, dcfg.num_attention_heads,
+                                                      dcfg.head_dim, 4)),
+            "lm_head": (jax.jit(lambda x, tab: jnp.einsum("bnh,vh->bnv", x, tab)), (h, table), costs.lm_head(d)),
+            "markov": (*refine("markov", m["heads"]["markov"]), costs.markov_serial(d)),
+            "gru": (*refine("gru", m["heads"]["gru"]), costs.gru_serial(d)),
+            "xpress_fold": (jax.jit(lambda st: nnx.merge(xpress_graph, st).fold()), (xpress_state,),
+                            costs.xpress_fold(d)),
+        }
+        for k in JACOBI_K:
+            calls[f"xpress_K{k}"] = (*refine("xpress", folded, max_iters=k, early_stop=False), costs.xpress_exact(d, k))
+        early, early_args = refine("xpress", folded, max_iters=4, early_stop=True)
+        used = float(jnp.mean(early(*early_args).iterations))
+        calls["xpress_K4_early_stop"] = (early, early_args, costs.xpress_exact(d, used))
+        for top_k in TOP_K:
+            calls[f"xpress_K4_top{top_k}"] = (*refine("xpress", folded, max_iters=4, early_stop=False, top_k=top_k),
+                                              costs.xpress_candidates(d, 4, top_k))
+
+        seconds = {name: median_seconds(fn, *args, reps=reps) for name, (fn, args, _) in calls.items()}
+        tokens = lambda name: calls[name][0](*calls[name][1]).tokens  # noqa: E731
+        agreement = {f"top{k}": float(candidate_agreement(tokens("xpress_K4"), tokens(f"xpress_K4_top{k}")))
+                     for k in TOP_K}
+        markov = seconds["markov"]
+        out["batches"][str(batch)] = {
+            "seconds": seconds,
+            "ratio_to_markov": {k: v / markov for k, v in seconds.items()},
+            "costs": {k: costs.bound(c, peaks, seconds[k]) for k, (_, _, c) in calls.items()},
+            "draft_step": {"drafter_forward": seconds["drafter_forward"], "lm_head": seconds["lm_head"],
+                           **{name: seconds[name] for name in ("markov", "gru", "xpress_K4", "xpress_K4_early_stop",
+                                                               "xpress_K4_top32")}},
+            "early_stop_iterations_random_weights": used,
+            "candidate_agreement_random_weights": agreement}
+    return out

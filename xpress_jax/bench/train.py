@@ -1,0 +1,78 @@
+"""The `train` suite: throughput of the jitted train step on a small config with and without
+rematerialisation and at two anchor-chunk sizes (measured side by side on the same batch), and
+the compiled per-device memory of a large config's step (`python -m xpress_jax.train --dry_run`,
+abstract arrays on fake devices: no weights are allocated)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xpress_jax.errors import InputError
+
+
+def _batch(config, seed: int = 0) -> dict:
+    """Random token ids [batch, max_len] with the loss on the last three quarters of each row."""
+    rng = np.random.default_rng(seed)
+    b, length = config.train.batch_size, config.data.max_len
+    ids = rng.integers(0, config.target.arch.vocab_size, (b, length), dtype=np.int32)
+    loss_mask = np.broadcast_to(np.arange(length) >= length // 4, (b, length)).copy()
+    return {"ids": ids, "loss_mask": loss_mask}
+
+
+def step_throughput(config, *, steps: int) -> dict:
+    """Median seconds of one train step (after a compiling step) and the tokens/s that follow."""
+    from xpress_jax.training.trainer import Setup
+    setup = Setup(config, abstract=False, num_records=None)
+    state = setup.init_state()
+    batch = setup.global_batch(_batch(config))
+    state, metrics = setup.step(state, setup.target_params, batch)  # compile
+    jax.block_until_ready(metrics)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        state, metrics = setup.step(state, setup.target_params, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - t0)
+    seconds = float(np.median(times))
+    tokens = config.train.batch_size * config.data.max_len
+    return {"seconds_per_step": seconds, "tokens_per_s": tokens / seconds, "tokens_per_step": tokens,
+            "loss": float(jnp.asarray(metrics["loss"]))}
+
+
+def dry_run_memory(config_path: str) -> dict:
+    """The train CLI's --dry_run report (per-device memory of the compiled step) for a config."""
+    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-m", "xpress_jax.train", f"--config={config_path}", "--dry_run"],
+                       capture_output=True, text=True, env=env, timeout=1800)
+    if r.returncode != 0:
+        raise InputError(f"--dry_run of {config_path} failed: {r.stderr.strip().splitlines()[-1:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chunks=None) -> dict:
+    from xpress_jax.cli import with_overrides, load_config
+    base = load_config(small_config_path)
+    anchors = base.train.num_anchors
+    chunks = tuple(chunks or (anchors, max(1, anchors // 4)))
+    out = {"config": small_config_path, "batch_size": base.train.batch_size, "max_len": base.data.max_len,
+           "num_anchors": anchors, "variants": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for remat in (True, False):
+            for chunk in chunks:
+                config = with_overrides(small_config_path, **{"train.remat": remat, "train.anchor_chunk": chunk,
+                                                              "train.steps": steps + 1, "train.out_dir": tmp})
+                out["variants"][f"remat={remat},anchor_chunk={chunk}"] = step_throughput(config, steps=steps)
+    fastest = max(v["tokens_per_s"] for v in out["variants"].values())
+    for v in out["variants"].values():
+        v["relative_to_fastest"] = v["tokens_per_s"] / fastest
+    out["dry_run"] = {"config": large_config_path, **dry_run_memory(large_config_path)}
+    return out

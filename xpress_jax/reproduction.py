@@ -1,0 +1,223 @@
+"""The tiny reproduction's stages (the library behind `python -m xpress_jax.reproduce`): what
+each stage trains, its config, running it with caching and resumption, and gathering the results.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+
+from xpress_jax import cli
+
+# stage -> how it trains: budget (a `reproduce` field), what trains, which heads, the stage it
+# starts from (its export) and loss overrides
+TRAIN_STAGES = {
+    "dflash": dict(steps="drafter_steps", trainable="drafter", heads=(), init=None, loss={}),
+    "xpress": dict(steps="head_steps", trainable="all", heads=("xpress",), init="dflash", loss={}),
+    "xpress.frozen": dict(steps="head_steps", trainable="heads", heads=("xpress",), init="dflash", loss={}),
+    "markov": dict(steps="head_steps", trainable="heads", heads=("markov",), init="dflash", loss={}),
+    "gru": dict(steps="head_steps", trainable="heads", heads=("gru",), init="dflash", loss={}),
+    # D-Loop: the same drafter, fine-tuned with the complementary prefix-suffix objective
+    "dloop": dict(steps="head_steps", trainable="drafter", heads=(), init="dflash", loss={"dloop": 1.0}),
+    # the composition neither paper has: an XPress refiner on the frozen D-Loop drafter
+    "dloop+xpress": dict(steps="head_steps", trainable="heads", heads=("xpress",), init="dloop", loss={}),
+}
+STAGES = ("target", "regen") + tuple(TRAIN_STAGES) + ("eval",)
+NEEDS = {"target": (), "regen": ("target",), "eval": STAGES[:-1],  # done before a stage
+         **{s: ("target", "regen") + ((t["init"],) if t["init"] else ()) for s, t in TRAIN_STAGES.items()}}
+
+
+def _done_path(run: str, stage: str) -> str:
+    return os.path.join(run, stage, "DONE.json")
+
+
+def is_done(run: str, stage: str) -> bool:
+    return os.path.isfile(_done_path(run, stage))
+
+
+def _mark_done(run: str, stage: str, seconds: float, summary: dict) -> None:
+    path = _done_path(run, stage)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"stage": stage, "seconds": round(seconds, 1), **summary}, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def stage_config(config, run: str, stage: str):
+    """The base config with the stage's target, data, budget and output directory set."""
+    c = copy.deepcopy(config)
+    c.unlock()
+    r = c.reproduce
+    if stage != "target":
+        c.target.hf_dir = os.path.join(run, "target")
+        c.data.tokenizer_dir = os.path.join(run, "target")
+    c.data.train_files = (os.path.join(run, "regen", "data.jsonl"),)
+    c.train.out_dir = os.path.join(run, stage)
+    if stage in TRAIN_STAGES:
+        t = TRAIN_STAGES[stage]
+        c.train.update(steps=r[t["steps"]], trainable=t["trainable"], heads=t["heads"],
+                       init_from=os.path.join(run, t["init"], "export") if t["init"] else "")
+        c.train.loss.update(t["loss"])
+    c.lock()
+    return c
+
+
+def run_stage(config, run: str, stage: str) -> dict:
+    c = stage_config(config, run, stage)
+    if stage == "target":
+        from xpress_jax.training.pretrain import pretrain
+        summary = pretrain(c, out_dir=os.path.join(run, "target"))
+        greedy = summary.pop("greedy", {})
+        return {**summary, **{k: v for k, v in greedy.items() if k != "examples"}}
+    if stage == "regen":
+        return regenerate_sample(c, run)
+    if stage == "eval":
+        return evaluate_all(c, run)
+    from xpress_jax.training.trainer import train
+    result = train(c)
+    return {"step": result["step"], "steps": result["steps"], "final_metrics": result["metrics"]}
+
+
+def regenerate_sample(config, run: str) -> dict:
+    """The target answers a seeded sample of its training questions (GSM8K and code mixed)."""
+    import numpy as np
+    from xpress_jax.data.corpus import write_jsonl
+    from xpress_jax.data.dataset import read_records
+    from xpress_jax.generate import regenerate
+    r = config.reproduce
+    sample = os.path.join(run, "regen", "questions.jsonl")
+    if not os.path.isfile(sample):  # fixed once, so a resumed stage continues the same sample
+        records = read_records([os.path.join(run, "target", "corpus_train.jsonl")])
+        order = np.random.default_rng(config.seed).permutation(len(records))[:r.regen_records]
+        write_jsonl([records[i] for i in order], sample)
+    return regenerate(config, sample, os.path.join(run, "regen"), batch_size=r.regen_batch_size,
+                      max_new_tokens=r.regen_max_new_tokens, max_prompt_tokens=config.data.max_len - 16)
+
+
+def trained_methods(run: str, dloop_branches=(1,)):
+    """Every trained stage's export as a method; D-Loop ones once per K in eval.dloop_branches."""
+    from xpress_jax.evaluation import Method, with_branches
+    return with_branches([Method(label, label.split(".")[0], os.path.join(run, label, "export"))
+                          for label in TRAIN_STAGES], dloop_branches)
+
+
+def evaluate_all(config, run: str) -> dict:
+    from xpress_jax.evaluation import evaluate
+    out = {}
+    for temperature in config.reproduce.temperatures:
+        e = {**config.eval.to_dict(), "temperature": float(temperature),
+             "out_dir": os.path.join(run, "eval", f"T{temperature:g}")}
+        e["jacobi_k"] = tuple(e["jacobi_k"]) if temperature == 0 else ()  # the K sweep at T = 0 only
+        report, failures = evaluate(config, trained_methods(run, e["dloop_branches"]), e, check_lossless=temperature == 0)
+        if failures:
+            raise RuntimeError(f"{failures} outputs at temperature 0 differ from target-only decoding")
+        out[f"T{temperature:g}"] = report
+    return {"temperatures": list(out)}
+
+
+def gather(run: str) -> dict:
+    """Everything the reproduction measured, in one JSON: stage times, target quality, eval reports."""
+    stages = {}
+    for stage in STAGES:
+        if is_done(run, stage):
+            with open(_done_path(run, stage)) as f:
+                stages[stage] = json.load(f)
+    evals = {}
+    for name in sorted(os.listdir(os.path.join(run, "eval"))) if os.path.isdir(os.path.join(run, "eval")) else []:
+        path = os.path.join(run, "eval", name, "results.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                evals[name] = json.load(f)
+    target_report = {}
+    if os.path.isfile(os.path.join(run, "target", "pretrain.json")):
+        with open(os.path.join(run, "target", "pretrain.json")) as f:
+            target_report = json.load(f)
+    import jax
+    return {"date": time.strftime("%Y-%m-%d"), "machine": {"device": jax.devices()[0].device_kind,
+                                                           "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                                                           "python": platform.python_version(),
+                                                           "jax": jax.__version__},
+            "stage_seconds": {s: v["seconds"] for s, v in stages.items()},
+            "total_seconds": round(sum(v["seconds"] for v in stages.values()), 1),
+            "target": target_report, "eval": evals}
+
+
+def table(results: dict) -> str:
+    """Per temperature and dataset: every method's tau, per-prompt tau, repetition and speedup."""
+    lines = []
+    for name, report in results["eval"].items():
+        lines += [f"\n### {name.replace('T', 'temperature ')}\n",
+                  "| dataset | method | tau | tau (per-prompt mean) | repetition | tokens/s | speedup |",
+                  "|---|---|---|---|---|---|---|"]
+        for ds, rows in report["results"].items():
+            for label, r in rows.items():
+                rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
+                lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {rep} | "
+                             f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
+        for ds, rows in report["results"].items():
+            for label, r in rows.items():
+                c = r.get("candidate")
+                if c:
+                    lines.append(f"\n{ds} {label} candidate mode (top-{c['top_k']}, K={c['max_iters']}): token agreement "
+                                 f"{c['token_agreement']:.4f} with the exact refiner over {c['blocks']} blocks; "
+                                 f"tau {c['tau']:.3f} against {c['tau_exact']:.3f} exact")
+        for ds, by_label in report.get("jacobi_sweep", {}).items():
+            for label, by_k in by_label.items():
+                ks = ", ".join(f"K={k}: {v:.2f}" for k, v in by_k.items())
+                lines.append(f"\n{ds} {label} tau against Jacobi K: {ks}")
+    times = ", ".join(f"{s} {v / 60:.1f} min" for s, v in results["stage_seconds"].items())
+    lines.append(f"\nStage wall times: {times} (total {results['total_seconds'] / 60:.1f} min).")
+    return "\n".join(lines).lstrip() + "\n"
+
+
+def publish(run: str, dest: str) -> None:
+    os.makedirs(dest, exist_ok=True)
+    for name in ("results.json", "table.md"):
+        shutil.copy(os.path.join(run, name), os.path.join(dest, name))
+    for t in os.listdir(os.path.join(run, "eval")):
+        for png in ("acceptance.png", "tau_vs_k.png"):
+            src = os.path.join(run, "eval", t, png)
+            if os.path.isfile(src):
+                shutil.copy(src, os.path.join(dest, f"{t}_{png}"))
+
+
+def reproduce(config, run: str, stages=None) -> dict:
+    wanted = list(stages or STAGES)
+    unknown = [s for s in wanted if s not in STAGES]
+    if unknown:
+        from xpress_jax.errors import InputError
+        raise InputError(f"unknown stages {unknown}; choose from {', '.join(STAGES)}")
+    os.makedirs(run, exist_ok=True)
+    cli.log_to_file(os.path.join(run, "log.txt"))
+    for stage in STAGES:
+        if stage not in wanted:
+            continue
+        if is_done(run, stage):
+            print(f"[{stage}] done already (cached in {os.path.join(run, stage)})", file=sys.stderr)
+            continue
+        missing = [s for s in NEEDS[stage] if not is_done(run, s)]
+        if missing:
+            from xpress_jax.errors import InputError
+            raise InputError(f"stage {stage} needs {missing} first")
+        print(f"[{stage}] running", file=sys.stderr)
+        os.makedirs(os.path.join(run, stage), exist_ok=True)
+        t0 = time.perf_counter()
+        summary = run_stage(config, run, stage)
+        if summary.get("step", 0) < summary.get("steps", 0):  # stopped early (SIGTERM): resume next time
+            print(f"[{stage}] stopped at step {summary['step']} of {summary['steps']}; run again to resume",
+                  file=sys.stderr)
+            break
+        _mark_done(run, stage, time.perf_counter() - t0, summary)
+        print(f"[{stage}] done in {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr)
+    results = gather(run)
+    with open(os.path.join(run, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(run, "table.md"), "w") as f:
+        f.write(table(results))
+    return results
+
+
