@@ -2,7 +2,9 @@
 
 Each suite writes DIR/SUITE.json (date, device, jax version, shapes, every figure) and its PNG
 plots, and prints a short summary. `--config` gives the shapes of the heads suite and the large
-config of the train suite's memory report (default configs/qwen3_8b.py).
+config of the train suite's memory report (default configs/qwen3_8b.py). The e2e suite projects
+early stop's latency onto the heads suite's latency-vs-K line: from the same run, or from the
+heads.json an earlier run left in DIR.
 """
 
 from __future__ import annotations
