@@ -15,6 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from tqdm import tqdm
 
 from xpress_jax import plots
@@ -235,19 +236,21 @@ def write_outputs(report: dict, out_dir: str) -> None:
 
 def drafter_blocks(spec: SpecModels):
     """A jitted (ids [1, T], anchors [1, A]) -> (s [A, n, vocab], h [A, n, hidden], last [A]): the
-    drafter's real blocks at the given anchors of a known sequence, in one pass (training mode)."""
+    drafter's real blocks at the given anchors of a known sequence, in one pass (training mode).
+    The weights are arguments of the compiled function, not constants baked into it."""
     from xpress_jax.models.drafter import block_inputs
-    target, drafter = spec.target, spec.drafter
-    block, feat = drafter.cfg.block_size, tuple(drafter.cfg.target_layer_ids)
+    graphdef, state = nnx.split(spec)
+    block, feat = spec.drafter.cfg.block_size, tuple(spec.drafter.cfg.target_layer_ids)
 
     @jax.jit
-    def blocks(ids, anchors):
-        taps = target(ids, tap_layers=feat, return_logits=False).taps  # [1, T, n_feat, hidden]
+    def blocks(state, ids, anchors):
+        m = nnx.merge(graphdef, state)
+        taps = m.target(ids, tap_layers=feat, return_logits=False).taps  # [1, T, n_feat, hidden]
         last = jnp.take_along_axis(ids, anchors, 1)  # [1, A]
-        h = drafter.train_blocks(taps, target.embed(block_inputs(last, block, drafter.cfg.mask_token_id)),
-                                 anchors)[0, :, 1:]  # [A, n, hidden]
-        return target.logits(h), h, last[0]
-    return blocks
+        h = m.drafter.train_blocks(taps, m.target.embed(block_inputs(last, block, m.drafter.cfg.mask_token_id)),
+                                   anchors)[0, :, 1:]  # [A, n, hidden]
+        return m.target.logits(h), h, last[0]
+    return lambda ids, anchors: blocks(state, ids, anchors)
 
 
 def anchored_sequences(sequences: list[tuple[list[int], list[int]]], max_blocks: int):
@@ -273,18 +276,20 @@ def candidate_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[
     output (the training-mode anchored pass), and both refiners solve it with the same K."""
     from xpress_jax.decoding.refine import refine_block
     blocks_of = drafter_blocks(spec)
-    target, head, n = spec.target, spec.head, spec.drafter.cfg.block_size - 1
+    graphdef, state = nnx.split(spec)
+    n = spec.drafter.cfg.block_size - 1
 
     @jax.jit
-    def agreement(s, h, last):
-        exact = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=0))
-        cand = refine_block("xpress", head, s, h, last, target.embed, settings=dataclasses.replace(settings, top_k=top_k))
+    def agreement(state, s, h, last):
+        m = nnx.merge(graphdef, state)
+        exact, cand = (refine_block("xpress", m.head, s, h, last, m.target.embed,
+                                    settings=dataclasses.replace(settings, top_k=k)) for k in (0, top_k))
         same = exact.tokens == cand.tokens  # [A, n]
         return jnp.sum(same, -1), jnp.all(same, -1)  # per anchor
 
     agree = blocks = positions = whole = 0
     for ids, anchors, real in anchored_sequences(sequences, max_blocks):
-        a, w = agreement(*blocks_of(ids, anchors))
+        a, w = agreement(state, *blocks_of(ids, anchors))
         agree += int(np.asarray(a)[:real].sum())  # padded anchors (repeats of the last) not counted
         whole += int(np.asarray(w)[:real].sum())
         positions += real * n

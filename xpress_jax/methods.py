@@ -16,8 +16,8 @@ import ml_collections
 from xpress_jax.models.drafter import DrafterConfig
 from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
 
-# how a head turns the drafter's logits s into a block (decoding/refine.py)
-ARGMAX, SERIAL, JACOBI = "argmax", "serial", "jacobi"
+# how a head turns the drafter's logits s into a block (decoding/refine.py; no head: argmax s)
+SERIAL, JACOBI = "serial", "jacobi"
 # decoder knobs (decoding/settings.py): which decoders read which
 XPRESS_KNOBS = ("max_iters", "early_stop", "top_k")
 LOOP_KNOBS = ("branches",)
@@ -83,7 +83,6 @@ DECODERS: dict[str, DecoderSpec] = {
 }
 
 SPEC_DECODERS = tuple(n for n, d in DECODERS.items() if d.drafter)  # what eval can compare
-BLOCK_DECODERS = tuple(n for n, d in DECODERS.items() if d.drafter and not d.loop)  # one draft, one block
 HEAD_OF = {n: d.head for n, d in DECODERS.items()}  # decoder -> head module name (None: none)
 
 
