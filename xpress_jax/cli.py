@@ -23,6 +23,10 @@ from ml_collections import config_flags
 from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
 
+# transformers prints its own advisories to the console on import (e.g. "PyTorch was not found",
+# which is expected: the JAX code never needs torch); XPRESS users can set TRANSFORMERS_VERBOSITY.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
 _REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
