@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from xpress_jax.data.bpe import MASK_TOKEN, SPECIALS, train_bpe
-from xpress_jax.data.chat import conversation_to_ids, load_tokenizer, render
+from xpress_jax.data.chat import conversation_to_ids, load_tokenizer, prompt_ids, render
 from xpress_jax.data.corpus import CODE_INSTRUCTION, build_corpus, is_validation, stdlib_code_records
 from xpress_jax.data.questions import load_questions
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
@@ -55,6 +55,20 @@ def test_bpe_loads_in_transformers_with_the_chat_specials(tmp_path):
     _, mask = conversation_to_ids(tok, {"conversations": [{"role": "user", "content": "a"},
                                                           {"role": "assistant", "content": "bcd"}]})
     assert tok.decode(np.asarray(ids)[:0].tolist()) == "" and mask.sum() >= 2
+
+
+def test_bpe_prompt_is_a_prefix_of_the_training_chat(tmp_path):
+    """What the target sees at inference (prompt_ids, ending in "</think>\\n\\n") must be the exact
+    token prefix of what it trained on; else every greedy answer starts from an unseen boundary."""
+    train, _ = build_corpus(code_functions=200, val_fraction=0.02)
+    records = [r for r in train if r["id"].startswith("gsm8k")][:150] + \
+        [r for r in train if r["id"].startswith("stdlib")][:150]
+    train_bpe(records, 800, str(tmp_path))
+    tok = load_tokenizer(str(tmp_path))
+    for rec in records:
+        ids, mask = conversation_to_ids(tok, rec)
+        prompt = prompt_ids(tok, rec["conversations"][:1])
+        assert ids[:len(prompt)].tolist() == prompt and int(np.argmax(mask)) == len(prompt), rec["id"]
 
 
 def _tiny_qwen3(vocab=40):

@@ -4,6 +4,7 @@ in the official PyTorch `dflash` package, exactly our tokens and acceptance leng
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -180,3 +181,37 @@ def test_the_e2e_benchmark_runs_on_the_trained_checkpoints(smoke_run, tmp_path):
     assert 0.0 <= blocks["candidate_agreement_K4"] <= 1.0
     assert {"xpress", "xpress.frozen"} <= set(e2e["candidate"])
     assert os.path.getsize(tmp_path / "e2e-speed.png") > 0
+
+
+def test_a_cached_stage_is_reused_only_while_its_settings_and_inputs_match(tmp_path, monkeypatch):
+    """No silent reuse: a finished stage whose config fields changed, or that was built on an
+    earlier upstream stage, stops the run with a one-line error naming what changed."""
+    from xpress_jax import cli, reproduction
+    from xpress_jax.errors import InputError
+
+    ran = []
+
+    def fake_stage(config, run, stage):
+        ran.append(stage)
+        os.makedirs(os.path.join(run, stage), exist_ok=True)
+        return {"step": 1, "steps": 1}
+
+    monkeypatch.setattr(reproduction, "run_stage", fake_stage)
+    monkeypatch.setattr(reproduction, "gather", lambda run: {})
+    monkeypatch.setattr(reproduction, "table", lambda results: "")
+    run_dir, first = str(tmp_path / "run"), ["target", "regen", "dflash", "markov"]
+    config = cli.with_overrides(SMOKE)
+    reproduction.reproduce(config, run_dir, first)
+    assert ran == first
+    reproduction.reproduce(cli.with_overrides(SMOKE, **{"train.log_every": 3}), run_dir, first)  # cosmetic field
+    assert ran == first  # all cache hits
+    with pytest.raises(InputError, match=r"markov is finished but it was made with reproduce.head_steps=2 \(now 5\)"):
+        reproduction.reproduce(cli.with_overrides(SMOKE, **{"reproduce.head_steps": 5}), run_dir, first)
+    with pytest.raises(InputError, match=r"target is finished but it was made with pretrain.steps=.*stages after it "
+                                         r"\(regen, dflash, markov\)"):
+        reproduction.reproduce(cli.with_overrides(SMOKE, **{"pretrain.steps": 99}), run_dir, first)
+    # the user redoes dflash/ only: markov/ was trained on the old one
+    shutil.rmtree(os.path.join(run_dir, "dflash"))
+    reproduction.reproduce(config, run_dir, ["dflash"])
+    with pytest.raises(InputError, match=r"markov is finished but it was built on an earlier dflash/"):
+        reproduction.reproduce(config, run_dir, first)

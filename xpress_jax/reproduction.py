@@ -11,6 +11,7 @@ import platform
 import shutil
 import sys
 import time
+import uuid
 
 from xpress_jax import cli
 
@@ -32,6 +33,64 @@ NEEDS = {"target": (), "regen": ("target",), "eval": STAGES[:-1],  # done before
          **{s: ("target", "regen") + ((t["init"],) if t["init"] else ()) for s, t in TRAIN_STAGES.items()}}
 
 
+# The config fields that decide what a stage produces. A finished stage records them (and the
+# DONE.json of each stage it was built on); a later run reuses it only while they still match.
+_NOT_RESULTS = {"out_dir", "save_every", "log_every", "keep", "async_checkpointing", "allow_config_change",
+                "report_prompts", "report_max_new_tokens", "init_from", "train_files", "tokenizer_dir", "distributed",
+                "time_split"}
+_STAGE_FIELDS = {"target": ("seed", "target.arch", "pretrain", "drafter.mask_token_id"),
+                 "regen": ("reproduce.regen_records", "reproduce.regen_max_new_tokens", "data.max_len"),
+                 "eval": ("eval", "reproduce.temperatures")}
+
+
+def stage_settings(config, stage: str) -> dict:
+    """{dotted field: value} of what `stage` produces from, JSON-normalised."""
+    if stage in TRAIN_STAGES:
+        fields = ("seed", "dtype", "drafter", "heads", "train", "data", f"reproduce.{TRAIN_STAGES[stage]['steps']}")
+    else:
+        fields = _STAGE_FIELDS[stage]
+    out = {}
+
+    def add(name, value):
+        if hasattr(value, "items"):
+            for k, v in value.items():
+                if k not in _NOT_RESULTS:
+                    add(f"{name}.{k}", v)
+        else:
+            out[name] = json.loads(json.dumps(value, default=list))
+
+    for name in fields:
+        value = config
+        for part in name.split("."):
+            value = value[part]
+        add(name, value)
+    return out
+
+
+def _done_digest(run: str, stage: str) -> str:
+    import hashlib
+    with open(_done_path(run, stage), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def stale_reason(config, run: str, stage: str) -> str | None:
+    """Why the finished `stage` no longer matches the config or the stages it was built on (None: it does).
+    Stages finished before settings were recorded are trusted."""
+    with open(_done_path(run, stage)) as f:
+        done = json.load(f)
+    if "settings" not in done:
+        return None
+    now = stage_settings(config, stage)
+    changed = sorted(k for k in set(now) | set(done["settings"]) if now.get(k) != done["settings"].get(k))
+    if changed:
+        shown = ", ".join(f"{k}={done['settings'].get(k)!r} (now {now.get(k)!r})" for k in changed[:4])
+        return f"it was made with {shown}"
+    for need, digest in done.get("inputs", {}).items():
+        if not is_done(run, need) or _done_digest(run, need) != digest:
+            return f"it was built on an earlier {need}/"
+    return None
+
+
 def _done_path(run: str, stage: str) -> str:
     return os.path.join(run, stage, "DONE.json")
 
@@ -40,10 +99,14 @@ def is_done(run: str, stage: str) -> bool:
     return os.path.isfile(_done_path(run, stage))
 
 
-def _mark_done(run: str, stage: str, seconds: float, summary: dict) -> None:
+def _mark_done(config, run: str, stage: str, seconds: float, summary: dict) -> None:
     path = _done_path(run, stage)
+    # finish_id: a redone stage never has the DONE.json it had, so the stages built on it see the change
+    record = {"stage": stage, "seconds": round(seconds, 1), **summary, "finish_id": uuid.uuid4().hex,
+              "settings": stage_settings(config, stage),
+              "inputs": {need: _done_digest(run, need) for need in NEEDS[stage]}}
     with open(path + ".tmp", "w") as f:
-        json.dump({"stage": stage, "seconds": round(seconds, 1), **summary}, f, indent=2)
+        json.dump(record, f, indent=2)
     os.replace(path + ".tmp", path)
 
 
@@ -197,6 +260,13 @@ def reproduce(config, run: str, stages=None) -> dict:
         if stage not in wanted:
             continue
         if is_done(run, stage):
+            stale = stale_reason(config, run, stage)
+            if stale:
+                from xpress_jax.errors import InputError
+                later = [s for s in STAGES[STAGES.index(stage) + 1:] if is_done(run, s)]
+                raise InputError(f"{os.path.join(run, stage)} is finished but {stale}; delete it"
+                                 + (f" and the stages after it ({', '.join(later)})" if later else "")
+                                 + " to redo it, or pass another --out")
             print(f"[{stage}] done already (cached in {os.path.join(run, stage)})", file=sys.stderr)
             continue
         missing = [s for s in NEEDS[stage] if not is_done(run, s)]
@@ -211,7 +281,7 @@ def reproduce(config, run: str, stages=None) -> dict:
             print(f"[{stage}] stopped at step {summary['step']} of {summary['steps']}; run again to resume",
                   file=sys.stderr)
             break
-        _mark_done(run, stage, time.perf_counter() - t0, summary)
+        _mark_done(config, run, stage, time.perf_counter() - t0, summary)
         print(f"[{stage}] done in {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr)
     results = gather(run)
     with open(os.path.join(run, "results.json"), "w") as f:

@@ -21,6 +21,12 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + m['content'] + '<|im_end|>\\n' }}"
     "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{% endif %}")
+# Qwen2/Qwen3's pre-tokenizer split. Its `\s*[\r\n]+` keeps a run of newlines one piece whatever
+# follows, so the prompt's trailing "</think>\n\n" tokenizes as it does inside a training chat. With
+# the GPT-2 split, "\n\nHe" becomes "\n" "\n" "He" in training while a prompt that ends in "\n\n"
+# gets the merged "\n\n": a boundary the target never saw, after which its answers wander.
+PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _texts(records: Iterable[dict]) -> Iterable[str]:
@@ -32,11 +38,12 @@ def _texts(records: Iterable[dict]) -> Iterable[str]:
 
 def train_bpe(records: list[dict], vocab_size: int, out_dir: str):
     """Trains the BPE on the records' text and saves it to out_dir; returns the transformers tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKENIZE), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
