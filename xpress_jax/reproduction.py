@@ -5,6 +5,7 @@ each stage trains, its config, running it with caching and resumption, and gathe
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import platform
@@ -68,7 +69,6 @@ def stage_settings(config, stage: str) -> dict:
 
 
 def _done_digest(run: str, stage: str) -> str:
-    import hashlib
     with open(_done_path(run, stage), "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
