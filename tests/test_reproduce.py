@@ -215,3 +215,34 @@ def test_a_cached_stage_is_reused_only_while_its_settings_and_inputs_match(tmp_p
     reproduction.reproduce(config, run_dir, ["dflash"])
     with pytest.raises(InputError, match=r"markov is finished but it was built on an earlier dflash/"):
         reproduction.reproduce(config, run_dir, first)
+
+
+def test_a_resumed_stage_reports_the_wall_time_of_all_its_runs(tmp_path, monkeypatch):
+    """A stage interrupted (an exception, or SIGTERM's early stop) and resumed records the sum of
+    its runs' times, not only the last run's."""
+    import itertools
+    import types
+
+    from xpress_jax import cli, reproduction
+
+    outcomes = iter([KeyboardInterrupt(), {"step": 3, "steps": 10}, {"step": 10, "steps": 10}])
+
+    def fake_stage(config, run, stage):
+        outcome = next(outcomes)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    clock = itertools.count(0.0, 30.0)  # every run of the stage lasts 30 s on this clock
+    monkeypatch.setattr(reproduction, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(reproduction, "run_stage", fake_stage)
+    monkeypatch.setattr(reproduction, "gather", lambda run: {})
+    monkeypatch.setattr(reproduction, "table", lambda results: "")
+    run_dir, config = str(tmp_path / "run"), cli.with_overrides(SMOKE)
+    with pytest.raises(KeyboardInterrupt):
+        reproduction.reproduce(config, run_dir, ["target"])
+    reproduction.reproduce(config, run_dir, ["target"])  # stops early at step 3
+    assert not reproduction.is_done(run_dir, "target")
+    reproduction.reproduce(config, run_dir, ["target"])
+    with open(os.path.join(run_dir, "target", "DONE.json")) as f:
+        assert json.load(f)["seconds"] == 90.0

@@ -99,6 +99,19 @@ def is_done(run: str, stage: str) -> bool:
     return os.path.isfile(_done_path(run, stage))
 
 
+def _add_elapsed(run: str, stage: str, seconds: float) -> float:
+    """Adds this run's seconds to the stage's total over all its runs (STAGE/elapsed.json) and returns it."""
+    path = os.path.join(run, stage, "elapsed.json")
+    total = seconds
+    if os.path.isfile(path):
+        with open(path) as f:
+            total += json.load(f)["seconds"]
+    with open(path + ".tmp", "w") as f:
+        json.dump({"seconds": round(total, 1)}, f)
+    os.replace(path + ".tmp", path)
+    return total
+
+
 def _mark_done(config, run: str, stage: str, seconds: float, summary: dict) -> None:
     path = _done_path(run, stage)
     # finish_id: a redone stage never has the DONE.json it had, so the stages built on it see the change
@@ -276,13 +289,16 @@ def reproduce(config, run: str, stages=None) -> dict:
         print(f"[{stage}] running", file=sys.stderr)
         os.makedirs(os.path.join(run, stage), exist_ok=True)
         t0 = time.perf_counter()
-        summary = run_stage(config, run, stage)
+        try:
+            summary = run_stage(config, run, stage)
+        finally:  # an interrupted stage's time still counts when it resumes
+            seconds = _add_elapsed(run, stage, time.perf_counter() - t0)
         if summary.get("step", 0) < summary.get("steps", 0):  # stopped early (SIGTERM): resume next time
             print(f"[{stage}] stopped at step {summary['step']} of {summary['steps']}; run again to resume",
                   file=sys.stderr)
             break
-        _mark_done(config, run, stage, time.perf_counter() - t0, summary)
-        print(f"[{stage}] done in {(time.perf_counter() - t0) / 60:.1f} min", file=sys.stderr)
+        _mark_done(config, run, stage, seconds, summary)
+        print(f"[{stage}] done in {seconds / 60:.1f} min", file=sys.stderr)
     results = gather(run)
     with open(os.path.join(run, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
