@@ -99,6 +99,13 @@ def is_done(run: str, stage: str) -> bool:
     return os.path.isfile(_done_path(run, stage))
 
 
+def _write_json(path: str, record: dict) -> None:
+    """Atomically: an interrupted run never leaves half a file that later reads as finished."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def _add_elapsed(run: str, stage: str, seconds: float) -> float:
     """Adds this run's seconds to the stage's total over all its runs (STAGE/elapsed.json) and returns it."""
     path = os.path.join(run, stage, "elapsed.json")
@@ -106,9 +113,7 @@ def _add_elapsed(run: str, stage: str, seconds: float) -> float:
     if os.path.isfile(path):
         with open(path) as f:
             total += json.load(f)["seconds"]
-    with open(path + ".tmp", "w") as f:
-        json.dump({"seconds": round(total, 1)}, f)
-    os.replace(path + ".tmp", path)
+    _write_json(path, {"seconds": round(total, 1)})
     return total
 
 
@@ -118,9 +123,7 @@ def _mark_done(config, run: str, stage: str, seconds: float, summary: dict) -> N
     record = {"stage": stage, "seconds": round(seconds, 1), **summary, "finish_id": uuid.uuid4().hex,
               "settings": stage_settings(config, stage),
               "inputs": {need: _done_digest(run, need) for need in NEEDS[stage]}}
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    _write_json(path, record)
 
 
 def stage_config(config, run: str, stage: str):
