@@ -6,7 +6,6 @@ tokens/s, speedup over target-only in the same run), results.json, results.md an
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -18,7 +17,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from xpress_jax import plots
+from xpress_jax import files, plots
 from xpress_jax.assemble import build_drafter, build_head, build_target, describe_checkpoint, target_config
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.profile import component_times
@@ -220,10 +219,8 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
 
 def write_outputs(report: dict, out_dir: str) -> None:
     results, sweep = report["results"], report["jacobi_sweep"]
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(markdown(results))
+    files.write_json(os.path.join(out_dir, "results.json"), report)
+    files.write_text(os.path.join(out_dir, "results.md"), markdown(results))
     plots.acceptance_per_position({ds: {h: r for h, r in v.items() if h != "target"} for ds, v in results.items()},
                                   os.path.join(out_dir, "acceptance.png"))
     if sweep:

@@ -16,7 +16,7 @@ import platform
 
 from absl import flags
 
-from xpress_jax import cli
+from xpress_jax import cli, files
 
 SUITES = ("heads", "e2e", "train")
 flags.DEFINE_enum("suite", "heads", SUITES + ("all",), "Which benchmarks to run.")
@@ -111,9 +111,7 @@ def main(config):
         else:
             results[suite] = run_train(config_path)
         path = os.path.join(out, f"{suite}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"suite": suite, **machine(), **results[suite]}, f, indent=2)
-        os.replace(path + ".tmp", path)
+        files.write_json(path, {"suite": suite, **machine(), **results[suite]})
         print(f"wrote {path}")
 
 

@@ -6,11 +6,11 @@ The Markov head's keys follow SpecForge's DSpark layout (`markov_head.markov_w1.
 
 from __future__ import annotations
 
-import json
 import os
 
 from flax import nnx
 
+from xpress_jax import files
 from xpress_jax.checkpoints.hf_qwen3 import load_into, save_from
 from xpress_jax.checkpoints.keymap import KeyRule, dotted
 from xpress_jax.checkpoints.safetensors_io import SafetensorsDir, SafetensorsFile
@@ -52,9 +52,7 @@ def save_head(head: nnx.Module, directory: str, name: str, dtype=None) -> str:
     os.replace(os.path.join(tmp_dir, "model.safetensors"), path)
     os.rmdir(tmp_dir)
     config_path = path.removesuffix(".safetensors") + ".config.json"
-    with open(config_path + ".tmp", "w") as f:
-        json.dump(head_config(head, name), f, indent=2)
-    os.replace(config_path + ".tmp", config_path)
+    files.write_json(config_path, head_config(head, name))
     return path
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator
 import ml_dtypes
 import numpy as np
 
+from xpress_jax import files
 from xpress_jax.errors import CheckpointError, read_json
 
 SINGLE_FILE = "model.safetensors"
@@ -143,14 +144,10 @@ def write_file(path: str, tensors: Iterable[tuple[str, np.ndarray]], metadata: d
     """Writes one safetensors file atomically (temporary name, fsync, rename)."""
     tensors = [(k, np.ascontiguousarray(v)) for k, v in tensors]
     spec = [(k, v.dtype, v.shape) for k, v in tensors]
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with files.replacing(path, "wb") as f:
         f.write(_header(spec, metadata or {"format": "pt"}))
         for _, v in tensors:
             f.write(v.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def plan_shards(sizes: list[tuple[str, int]], max_shard_bytes: int) -> list[list[str]]:
@@ -186,8 +183,5 @@ def write_dir(directory: str, keys_and_sizes: list[tuple[str, int]],
         weight_map.update({k: name for k in keys})
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(n for _, n in keys_and_sizes)}, "weight_map": weight_map}
-        tmp = os.path.join(directory, INDEX_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(index, f, indent=2)
-        os.replace(tmp, os.path.join(directory, INDEX_FILE))
+        files.write_json(os.path.join(directory, INDEX_FILE), index)
     return names

@@ -17,6 +17,7 @@ import os
 import sysconfig
 import warnings
 
+from xpress_jax import files
 from xpress_jax.data.questions import data_root
 from xpress_jax.errors import DataError
 
@@ -57,9 +58,9 @@ def stdlib_code_records(max_functions: int = 4000, min_body: int = 3, max_body: 
     """Top-level documented functions of the installed Python standard library, in a stable order."""
     root = sysconfig.get_paths()["stdlib"]
     records = []
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, file_names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-        for name in sorted(files):
+        for name in sorted(file_names):
             if not name.endswith(".py"):
                 continue
             path = os.path.join(folder, name)
@@ -99,8 +100,6 @@ def build_corpus(*, code_functions: int, val_fraction: float) -> tuple[list[dict
 
 
 def write_jsonl(records: list[dict], path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with files.replacing(path) as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from xpress_jax import sharding
+from xpress_jax import files, sharding
 from xpress_jax.assemble import target_config, trainable_dtypes
 from xpress_jax.config import dtype
 from xpress_jax.errors import ConfigError
@@ -220,8 +220,8 @@ def pretrain(config, *, out_dir: str | None = None, stop_after: int | None = Non
                                                                          layout.mesh))
     step_fn = jax.jit(make_step(graphdef, tx, layout.schedule), in_shardings=(state_sharding, batch_sharding),
                       out_shardings=(state_sharding, None), donate_argnums=(0,))
-    with open(os.path.join(out_dir, "run_config.json"), "w") as f:  # what `xpress_jax.export` rebuilds from
-        f.write(config.to_json_best_effort(indent=2))
+    # what `xpress_jax.export` rebuilds from
+    files.write_text(os.path.join(out_dir, "run_config.json"), config.to_json_best_effort(indent=2))
 
     batches = PackedBatches(train_records, tokenizer, p.max_len, p.batch_size, config.seed)
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), save_every=p.save_every, keep=2,
@@ -272,6 +272,5 @@ def pretrain(config, *, out_dir: str | None = None, stop_after: int | None = Non
     report_records = [r for r in val_records if r["id"].startswith("gsm8k")][:p.report_prompts // 2]
     report_records += [r for r in val_records if r["id"].startswith("stdlib")][:p.report_prompts // 2]
     summary["greedy"] = greedy_report(trained, tokenizer, report_records, max_new_tokens=p.report_max_new_tokens)
-    with open(os.path.join(out_dir, "pretrain.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    files.write_json(os.path.join(out_dir, "pretrain.json"), summary)
     return summary

@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
-from xpress_jax import sharding
+from xpress_jax import files, sharding
 from xpress_jax.assemble import build_target, build_trainable, trainable_dtypes
 from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
@@ -182,12 +182,6 @@ def resume_changes(config, out_dir: str) -> list[str]:
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in keys]
 
 
-def _write_atomically(path: str, content: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(content)
-    os.replace(path + ".tmp", path)
-
-
 def _to_python(metrics: dict) -> dict:
     out = {}
     for k, v in jax.device_get(metrics).items():
@@ -238,7 +232,7 @@ def train(config, *, stop_after: int | None = None) -> dict:
         os.makedirs(out_dir, exist_ok=True)
         name = "config.json" if restored is None else (f"config.resumed_at_{start}.json" if changes else None)
         if name:
-            _write_atomically(os.path.join(out_dir, name), config.to_json_best_effort(indent=2))
+            files.write_text(os.path.join(out_dir, name), config.to_json_best_effort(indent=2))
 
     stop = {"signal": None}
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
