@@ -60,11 +60,17 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
     assert "checkpoint_manager" in (out / "log.txt").read_text()
 
 
-def test_a_second_run_is_all_cache_hits(smoke_run):
+def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp_path):
     out, _ = smoke_run
-    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={out}", timeout=600)
+    published = tmp_path / "benchmarks" / "tiny"
+    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={out}", f"--publish={published}", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("done already") == len(STAGES) + 3 and "running" not in r.stderr
+    names = {"results.json", "table.md", "target_pretrain.json", "T0_results.md", "T1_results.md",
+             "T0_acceptance.png", "T0_tau_vs_k.png", "T1_acceptance.png"}
+    assert names <= set(os.listdir(published))
+    assert (published / "T0_results.md").read_text() == (out / "eval" / "T0" / "results.md").read_text()
+    assert json.loads((published / "target_pretrain.json").read_text())["val_loss"] > 0
 
 
 def test_the_exported_target_loads_in_transformers_and_passes_logit_check(smoke_run):

@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 
-from xpress_jax import cli
+from xpress_jax import cli, files
 
 # stage -> how it trains: budget (a `reproduce` field), what trains, which heads, the stage it
 # starts from (its export) and loss overrides
@@ -99,13 +99,6 @@ def is_done(run: str, stage: str) -> bool:
     return os.path.isfile(_done_path(run, stage))
 
 
-def _write_json(path: str, record: dict) -> None:
-    """Atomically: an interrupted run never leaves half a file that later reads as finished."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
-
-
 def _add_elapsed(run: str, stage: str, seconds: float) -> float:
     """Adds this run's seconds to the stage's total over all its runs (STAGE/elapsed.json) and returns it."""
     path = os.path.join(run, stage, "elapsed.json")
@@ -113,7 +106,7 @@ def _add_elapsed(run: str, stage: str, seconds: float) -> float:
     if os.path.isfile(path):
         with open(path) as f:
             total += json.load(f)["seconds"]
-    _write_json(path, {"seconds": round(total, 1)})
+    files.write_json(path, {"seconds": round(total, 1)})
     return total
 
 
@@ -123,7 +116,7 @@ def _mark_done(config, run: str, stage: str, seconds: float, summary: dict) -> N
     record = {"stage": stage, "seconds": round(seconds, 1), **summary, "finish_id": uuid.uuid4().hex,
               "settings": stage_settings(config, stage),
               "inputs": {need: _done_digest(run, need) for need in NEEDS[stage]}}
-    _write_json(path, record)
+    files.write_json(path, record)
 
 
 def stage_config(config, run: str, stage: str):
@@ -253,15 +246,21 @@ def table(results: dict) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
-def publish(run: str, dest: str) -> None:
+def publish(run: str, dest: str) -> list[str]:
+    """Copies what a reader of the results needs (the table, results.json, each temperature's full
+    report and plots, the target's report) into `dest`, e.g. benchmarks/tiny; returns the names."""
     os.makedirs(dest, exist_ok=True)
-    for name in ("results.json", "table.md"):
-        shutil.copy(os.path.join(run, name), os.path.join(dest, name))
-    for t in os.listdir(os.path.join(run, "eval")):
-        for png in ("acceptance.png", "tau_vs_k.png"):
-            src = os.path.join(run, "eval", t, png)
-            if os.path.isfile(src):
-                shutil.copy(src, os.path.join(dest, f"{t}_{png}"))
+    copies = {name: name for name in ("results.json", "table.md")}
+    copies["target_pretrain.json"] = os.path.join("target", "pretrain.json")
+    for t in sorted(os.listdir(os.path.join(run, "eval"))):
+        for name in ("results.md", "acceptance.png", "tau_vs_k.png"):
+            copies[f"{t}_{name}"] = os.path.join("eval", t, name)
+    written = []
+    for name, src in copies.items():
+        if os.path.isfile(os.path.join(run, src)):
+            shutil.copy(os.path.join(run, src), os.path.join(dest, name))
+            written.append(name)
+    return written
 
 
 def reproduce(config, run: str, stages=None) -> dict:
@@ -303,10 +302,8 @@ def reproduce(config, run: str, stages=None) -> dict:
         _mark_done(config, run, stage, seconds, summary)
         print(f"[{stage}] done in {seconds / 60:.1f} min", file=sys.stderr)
     results = gather(run)
-    with open(os.path.join(run, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(run, "table.md"), "w") as f:
-        f.write(table(results))
+    files.write_json(os.path.join(run, "results.json"), results)
+    files.write_text(os.path.join(run, "table.md"), table(results))
     return results
 
 
