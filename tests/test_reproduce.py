@@ -187,6 +187,15 @@ def test_the_e2e_benchmark_runs_on_the_trained_checkpoints(smoke_run, tmp_path):
     assert 0.0 <= blocks["candidate_agreement_K4"] <= 1.0
     assert {"xpress", "xpress.frozen"} <= set(e2e["candidate"])
     assert os.path.getsize(tmp_path / "e2e-speed.png") > 0
+    costs = e2e["step_costs"]
+    assert set(costs["target_pass_s"]) == {"1", "2", "4", "8", "16"} and costs["draft_s"] > 0
+    assert costs["verify_over_target_step"] == pytest.approx(costs["target_pass_s"]["16"] / costs["target_pass_s"]["1"])
+    # break-even tau: a method's time per verification step over the target's time per token
+    target_tps = e2e["decode"]["target"]["tokens_per_s"]
+    for v in e2e["decode"].values():
+        assert v["break_even_tau"] == pytest.approx(v["tau"] * target_tps / v["tokens_per_s"])
+    assert e2e["decode"]["target"]["break_even_tau"] == pytest.approx(1.0)
+    assert "breaks even at tau" in r.stdout and "one-token passes" in r.stdout
 
 
 def test_a_cached_stage_is_reused_only_while_its_settings_and_inputs_match(tmp_path, monkeypatch):

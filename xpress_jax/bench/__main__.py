@@ -75,7 +75,11 @@ def run_e2e(out: str, heads_result: dict | None) -> dict:
           f"({rb['early_stop_iterations']['xpress_K15_early_stop']:.2f} to the fixed point) on {rb['blocks']} real blocks; "
           f"top-{FLAGS.candidate_k} candidate agreement {rb['candidate_agreement_K4']:.4f}")
     for label, r in result["decode"].items():
-        print(f"e2e decode {label}: tau {r['tau']:.2f}, {r['tokens_per_s']:.1f} tokens/s, {r['speedup']:.2f}x")
+        print(f"e2e decode {label}: tau {r['tau']:.2f}, {r['tokens_per_s']:.1f} tokens/s, {r['speedup']:.2f}x"
+              + (f" (breaks even at tau {r['break_even_tau']:.2f})" if label != "target" else ""))
+    sc = result["step_costs"]
+    print(f"e2e step costs (separate calls): a target pass over a block costs {sc['verify_over_target_step']:.1f} "
+          f"one-token passes, a drafter pass {sc['draft_s'] / sc['target_pass_s']['1']:.1f}")
     return result
 
 

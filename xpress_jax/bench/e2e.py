@@ -6,6 +6,11 @@ reproduction's checkpoints (`python -m xpress_jax.reproduce`, default runs/repro
    continuations): how many Jacobi iterations early stop uses, and the latency of each head's
    solve side by side (Markov and GRU serial, exact XPress at K = 4, early stop, candidate mode).
 3. Candidate mode against the exact refiner at the same K: token agreement and tau.
+4. What one speculative step costs against one target-only step. In the decode loop: each method's
+   break-even tau, its time per verification step over the target's time per token (the tau at
+   which it would match target-only decoding here). Apart, as separately dispatched calls: a
+   target pass over w tokens for w = 1 (target-only decoding's step) up to the block
+   (verification), and one drafter pass.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from xpress_jax.decoding.jacobi import candidate_agreement as agreement_of
 from xpress_jax.decoding.profile import median_seconds
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.decoding.speculative import SpecModels, draft_block, prefill, verify_block
 from xpress_jax.errors import InputError
 
 # the heads compared on one drafter's blocks: all three were trained on the frozen dflash/ drafter
@@ -38,7 +44,7 @@ def _check_run(run: str) -> None:
 def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_tokens: int = 128, top_k: int = 8,
           batches=(1, 8), reps: int = 5) -> dict:
     from xpress_jax.assemble import build_drafter, build_head, build_target
-    from xpress_jax.decoding.speculative import SpecModels, generate_greedy
+    from xpress_jax.decoding.speculative import generate_greedy
     from xpress_jax.evaluation import anchored_sequences, drafter_blocks, encode_prompts, evaluate
     from xpress_jax.data.questions import load_questions
     from xpress_jax.reproduction import stage_config, trained_methods
@@ -51,7 +57,8 @@ def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_token
     report, failures = evaluate(c, trained_methods(run, (1,)), e, check_lossless=True)
     rows = report["results"]["gsm8k"]
     out = {"run_dir": run, "prompts": num_prompts, "max_new_tokens": max_new_tokens, "lossless_failures": failures,
-           "decode": {label: {k: r[k] for k in ("tau", "tokens_per_s", "speedup", "mean_iterations")}
+           "decode": {label: {**{k: r[k] for k in ("tau", "tokens_per_s", "speedup", "mean_iterations")},
+                              "break_even_tau": r["tau"] * rows["target"]["tokens_per_s"] / r["tokens_per_s"]}
                       for label, r in rows.items()},
            "candidate": {label: r["candidate"] for label, r in rows.items() if "candidate" in r}}
 
@@ -92,7 +99,31 @@ def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_token
         seconds = {name: median_seconds(fn, w, *args, reps=reps) for name, (fn, w) in variants.items()}
         out["real_blocks"]["by_batch"][str(batch)] = {
             "seconds": seconds, "ratio_to_markov": {k: v / seconds["markov"] for k, v in seconds.items()}}
+    out["step_costs"] = step_costs(SpecModels(target, drafter), prompts[0], max_len=len(prompts[0]) + max_new_tokens
+                                   + drafter.cfg.block_size, reps=reps)
     return out
+
+
+def step_costs(models: SpecModels, prompt: list[int], *, max_len: int, reps: int) -> dict:
+    """Batch 1, on the cache of one real prompt: the target pass over w tokens (w = 1 is one step of
+    target-only decoding, w = block one verification) and one drafter pass. Each is its own jitted
+    call, so each also carries the per-call dispatch that the decode loop does not pay."""
+    graphdef, state = nnx.split(models)
+    merged = lambda fn: jax.jit(  # noqa: E731  fn(models, *args) as a jitted function of the state
+        lambda state, *args: fn(nnx.merge(graphdef, state), *args))
+    taps = models.drafter.cfg.target_layer_ids
+    ids, lengths = jnp.asarray([prompt], jnp.int32), jnp.asarray([len(prompt)], jnp.int32)
+    out, ctx = merged(lambda m, ids, lengths: prefill(m.target, m.drafter, ids, lengths, max_len))(state, ids, lengths)
+    last = ids[:, -1]
+    verify_fn = merged(lambda m, cache, last, draft: verify_block(m.target, cache, last, draft, taps).logits)
+    draft_fn = merged(lambda m, ctx, last: draft_block(m.target, m.drafter, ctx, last)[0])
+    block = models.drafter.cfg.block_size
+    widths = sorted({w for w in (1, 2, 4, 8, block) if w <= block})
+    target_pass = {str(w): median_seconds(verify_fn, state, out.cache, last, jnp.zeros((1, w - 1), jnp.int32),
+                                          reps=reps) for w in widths}
+    draft = median_seconds(draft_fn, state, ctx, last, reps=reps)
+    return {"prompt_tokens": len(prompt), "cache_slots": max_len, "target_pass_s": target_pass, "draft_s": draft,
+            "verify_over_target_step": target_pass[str(block)] / target_pass["1"]}
 
 
 def projected_early_stop(heads_result: dict, iterations: float) -> dict:
