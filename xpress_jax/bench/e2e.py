@@ -15,6 +15,7 @@ reproduction's checkpoints (`python -m xpress_jax.reproduce`, default runs/repro
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -23,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from xpress_jax.decoding.jacobi import candidate_agreement as agreement_of
-from xpress_jax.decoding.profile import median_seconds
+from xpress_jax.decoding.profile import jit_on_state, median_seconds
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels, draft_block, prefill, verify_block
@@ -109,8 +110,7 @@ def step_costs(models: SpecModels, prompt: list[int], *, max_len: int, reps: int
     target-only decoding, w = block one verification) and one drafter pass. Each is its own jitted
     call, so each also carries the per-call dispatch that the decode loop does not pay."""
     graphdef, state = nnx.split(models)
-    merged = lambda fn: jax.jit(  # noqa: E731  fn(models, *args) as a jitted function of the state
-        lambda state, *args: fn(nnx.merge(graphdef, state), *args))
+    merged = functools.partial(jit_on_state, graphdef)
     taps = models.drafter.cfg.target_layer_ids
     ids, lengths = jnp.asarray([prompt], jnp.int32), jnp.asarray([len(prompt)], jnp.int32)
     out, ctx = merged(lambda m, ids, lengths: prefill(m.target, m.drafter, ids, lengths, max_len))(state, ids, lengths)

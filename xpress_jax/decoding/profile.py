@@ -5,6 +5,7 @@ put inside the decode loop)."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -32,6 +33,11 @@ def median_seconds(fn, *args, reps: int) -> float:
     return float(np.median(times))
 
 
+def jit_on_state(graphdef, fn):
+    """fn(models, *args) as a jitted function of the models' state: jit_on_state(g, fn)(state, *args)."""
+    return jax.jit(lambda state, *args: fn(nnx.merge(graphdef, state), *args))
+
+
 def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_new_tokens: int,
                     settings: DecodeSettings = DecodeSettings(), reps: int = 5,
                     pad_multiple: int = 1) -> dict[str, float]:
@@ -48,8 +54,7 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
     max_len = ids.shape[1] + max_new_tokens + block * settings.branches
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     graphdef, state = nnx.split(models)
-    merged = lambda fn: jax.jit(  # noqa: E731  fn(models, *args) as a jitted function of the state
-        lambda state, *args: fn(nnx.merge(graphdef, state), *args))
+    merged = functools.partial(jit_on_state, graphdef)
 
     prefill_fn = merged(lambda m, ids, lengths: prefill(m.target, m.drafter, ids, lengths, max_len))
     draft_fn = merged(lambda m, last, ctx: draft_block(m.target, m.drafter, ctx, last))
