@@ -246,21 +246,18 @@ def table(results: dict) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
-def publish(run: str, dest: str) -> list[str]:
+def publish(run: str, dest: str) -> None:
     """Copies what a reader of the results needs (the table, results.json, each temperature's full
-    report and plots, the target's report) into `dest`, e.g. benchmarks/tiny; returns the names."""
+    report and plots, the target's report) into `dest`, e.g. benchmarks/tiny."""
     os.makedirs(dest, exist_ok=True)
     copies = {name: name for name in ("results.json", "table.md")}
     copies["target_pretrain.json"] = os.path.join("target", "pretrain.json")
     for t in sorted(os.listdir(os.path.join(run, "eval"))):
         for name in ("results.md", "acceptance.png", "tau_vs_k.png"):
             copies[f"{t}_{name}"] = os.path.join("eval", t, name)
-    written = []
     for name, src in copies.items():
-        if os.path.isfile(os.path.join(run, src)):
+        if os.path.isfile(os.path.join(run, src)):  # T1 has no K sweep, so no tau_vs_k.png
             shutil.copy(os.path.join(run, src), os.path.join(dest, name))
-            written.append(name)
-    return written
 
 
 def reproduce(config, run: str, stages=None) -> dict:
