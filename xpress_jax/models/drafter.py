@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xpress_jax.errors import ConfigError
-from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, param
-from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_at
+from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, heads_major, param
+from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_kv
 
 QWEN3_MASK_TOKEN_ID = 151669  # an unused row of the Qwen3 embedding
 
@@ -149,8 +149,8 @@ class DFlashDrafter(nnx.Module):
         t = taps.shape[1]
         positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)
         kv = self.context_kv(self.fuse(taps), positions)
-        k = tuple(write_at(c, k_new, cache.lengths) for c, (k_new, _) in zip(cache.k, kv))
-        v = tuple(write_at(c, v_new, cache.lengths) for c, (_, v_new) in zip(cache.v, kv))
+        k = tuple(write_kv(c, k_new, cache.lengths) for c, (k_new, _) in zip(cache.k, kv))
+        v = tuple(write_kv(c, v_new, cache.lengths) for c, (_, v_new) in zip(cache.v, kv))
         added = jnp.full_like(cache.lengths, t) if num_new is None else num_new.astype(jnp.int32)
         return ContextCache(k=k, v=v, lengths=cache.lengths + added)
 
@@ -175,8 +175,9 @@ class DFlashDrafter(nnx.Module):
             h = layer.input_layernorm(x)
             q = layer.self_attn.queries(h, positions)
             k_blk, v_blk = layer.self_attn.keys_values(h, positions)
-            k = jnp.concatenate([cache.k[i].astype(k_blk.dtype), k_blk], axis=1)
-            v = jnp.concatenate([cache.v[i].astype(v_blk.dtype), v_blk], axis=1)
+            # [batch, kv_heads, max_len + K*B, head_dim]: the context slots, then the block's own
+            k = jnp.concatenate([cache.k[i].astype(k_blk.dtype), heads_major(k_blk)], axis=2)
+            v = jnp.concatenate([cache.v[i].astype(v_blk.dtype), heads_major(v_blk)], axis=2)
             x = x + layer.self_attn.output(attend(q, k, v, mask))
             x = layer.mlp_block(x)
         return self.norm(x)

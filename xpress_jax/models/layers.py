@@ -52,20 +52,28 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
+def heads_major(x: jax.Array) -> jax.Array:
+    """[batch, seq, heads, head_dim] (what the projections give) -> [batch, heads, seq, head_dim]
+    (what `attend` and the KV caches hold)."""
+    return jnp.swapaxes(x, 1, 2)
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query softmax attention.
 
-    q: [batch, q_len, heads, head_dim]; k, v: [batch, kv_len, kv_heads, head_dim];
-    mask: [batch, q_len, kv_len] bool, True where a query may attend. Returns [batch, q_len, heads, head_dim].
+    q: [batch, q_len, heads, head_dim]; k, v: [batch, kv_heads, kv_len, head_dim] (heads-major, the
+    caches' layout: stored slots-major, every step would transpose the whole cache to feed the dots,
+    which on CPUs cost 3x the attention itself at batch 64); mask: [batch, q_len, kv_len] bool, True
+    where a query may attend. Returns [batch, q_len, heads, head_dim].
     """
     batch, q_len, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     q = q.reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (head_dim**-0.5)  # [batch, kv_heads, group, q_len, kv_len]
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
     return out.reshape(batch, q_len, heads, head_dim)
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
-from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, param
+from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, heads_major, param
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,21 +97,21 @@ class KVCache:
     masked and later writes overwrite them.
     """
 
-    k: tuple[jax.Array, ...]  # per layer [batch, max_len, kv_heads, head_dim]
+    k: tuple[jax.Array, ...]  # per layer [batch, kv_heads, max_len, head_dim] (heads-major, as `attend` reads)
     v: tuple[jax.Array, ...]
     lengths: jax.Array  # [batch] int32: committed tokens per sequence
 
     @classmethod
     def init(cls, cfg, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
         """cfg: anything with num_hidden_layers, num_key_value_heads, head_dim (target or drafter)."""
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
         return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
     def rollback(self, lengths: jax.Array) -> "KVCache":
         return self.replace(lengths=lengths.astype(jnp.int32))
@@ -122,17 +122,23 @@ class KVCache:
         where decoding that branch alone would have written it. Lengths are left to the caller."""
         src = start + branch * width
 
-        def move(c):
-            chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=0))(c, src)
-            return write_at(c, chosen, start)
+        def move(c):  # c: [batch, kv_heads, max_len, head_dim]
+            chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=1))(c, src)
+            return write_at(c, chosen, start, axis=2)
         return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
 
 
-def write_at(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
-    """cache: [batch, max_len, ...]; new: [batch, t, ...] written at per-sequence offsets [batch]."""
-    def one(c, n, o):
-        return jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), o, axis=0)
-    return jax.vmap(one)(cache, new, offsets)
+def write_at(buffer: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 1) -> jax.Array:
+    """buffer: [batch, ...]; new (same rank) is written along `axis` at per-sequence offsets [batch]."""
+    def one(b, n, o):
+        return jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), o, axis=axis - 1)
+    return jax.vmap(one)(buffer, new, offsets)
+
+
+def write_kv(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
+    """cache: [batch, kv_heads, max_len, head_dim]; new: [batch, t, kv_heads, head_dim] (the projections'
+    layout), written at slots offsets..offsets+t-1 of each sequence."""
+    return write_at(cache, heads_major(new), offsets, axis=2)
 
 
 def _cache_mask(lengths: jax.Array, max_len: int, seq: int, block_mask: jax.Array | None) -> jax.Array:
@@ -227,11 +233,13 @@ class Qwen3(nnx.Module):
             h = layer.input_layernorm(x)
             q = layer.self_attn.queries(h, positions)
             k, v = layer.self_attn.keys_values(h, positions)
-            if cache is not None:
-                k = write_at(cache.k[i], k, cache.lengths)
-                v = write_at(cache.v[i], v, cache.lengths)
+            if cache is not None:  # k, v: [batch, kv_heads, max_len, head_dim]
+                k = write_kv(cache.k[i], k, cache.lengths)
+                v = write_kv(cache.v[i], v, cache.lengths)
                 new_k.append(k)
                 new_v.append(v)
+            else:
+                k, v = heads_major(k), heads_major(v)
             x = x + layer.self_attn.output(attend(q, k, v, mask))
             x = layer.mlp_block(x)
             if i in tap_layers and i != num_layers - 1:
