@@ -71,3 +71,35 @@ def test_heads_and_train_suites_write_their_figures(tmp_path):
     assert len(train["variants"]) == 4 and all(v["tokens_per_s"] > 0 for v in train["variants"].values())
     assert max(v["relative_to_fastest"] for v in train["variants"].values()) == 1.0
     assert train["dry_run"]["peak_gib"] > 0
+
+
+def test_decode_suite_reports_every_decoder_against_target_only(tmp_path):
+    from xpress_jax.bench.decode import VARIANTS
+    tiny = os.path.join(ROOT, "configs", "tiny.py")
+    new_tokens = 256  # the loop must outweigh the noise of a loaded machine (2 test workers)
+    r = run("xpress_jax.bench", "--suite=decode", f"--decode_config={tiny}", "--contexts=16", "--batches=1",
+            f"--decode_tokens={new_tokens}", "--reps=3", f"--out={tmp_path}", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "decode.json") as f:
+        result = json.load(f)
+    assert result["config"] == tiny
+    rows = result["contexts"]["16"]["1"]
+    assert list(rows) == [label for label, _, _ in VARIANTS]
+    assert rows["target"]["break_even_tau"] == 1.0
+    for label, row in rows.items():
+        assert row["seconds_per_step"] > 0, label
+        # no stop ids: every run commits exactly the tokens after the first, so `steps` is the loop's count
+        assert round(row["tokens_per_step"] * row["steps"]) == new_tokens - 1, label
+    assert rows["target"]["steps"] == new_tokens - 1  # target-only commits one token a step
+    assert os.path.getsize(tmp_path / "decode-break_even_tau.png") > 0
+    assert "break-even tau: dflash" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_decode_suite_refuses_a_run_too_short_to_time(monkeypatch):
+    from xpress_jax import cli
+    from xpress_jax.bench import decode
+    from xpress_jax.errors import InputError
+    config = cli.load_config(os.path.join(ROOT, "configs", "tiny.py"))
+    monkeypatch.setattr(decode, "_fastest_seconds", lambda fn, reps: (0.01, fn()))  # both runs take "0.01 s"
+    with pytest.raises(InputError, match="too few to time"):
+        decode.suite(config, contexts=(8,), new_tokens=4, reps=1, variants=decode.VARIANTS[:1])

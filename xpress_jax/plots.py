@@ -116,3 +116,24 @@ def e2e_speed(e2e_result: dict, path: str) -> None:
     right.set(title="head solve on real blocks", ylabel="latency / Markov")
     _finish(right, axis="y")
     _save(fig, path)
+
+
+def break_even_tau(decode_result: dict, path: str) -> None:
+    """One panel per batch size: each decoder's break-even tau (its step over a target-only step),
+    a bar group per context length. A drafter pays off where its measured tau is above its bar."""
+    contexts = list(decode_result["contexts"])
+    batches = list(decode_result["contexts"][contexts[0]])
+    fig, axes = _panels(len(batches), 6, 3.8)
+    width = 0.8 / len(contexts)
+    for ax, batch in zip(axes, batches):
+        labels = [k for k in decode_result["contexts"][contexts[0]][batch] if k != "target"]
+        for i, context in enumerate(contexts):
+            rows = decode_result["contexts"][context][batch]
+            ax.bar([j + width * i for j in range(len(labels))], [rows[k]["break_even_tau"] for k in labels],
+                   width=width, label=f"{context} context tokens")
+        ax.set_xticks([j + width * (len(contexts) - 1) / 2 for j in range(len(labels))], labels, rotation=30,
+                      ha="right", fontsize=8)
+        ax.axhline(1.0, color="grey", lw=1, ls="--")
+        ax.set(title=f"batch {batch}: tau needed to match target-only decoding", ylabel="break-even tau")
+        _finish(ax, axis="y")
+    _save(fig, path)

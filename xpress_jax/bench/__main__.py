@@ -1,10 +1,12 @@
-"""python -m xpress_jax.bench --suite=heads|e2e|train|all [--out=DIR]
+"""python -m xpress_jax.bench --suite=heads|e2e|decode|train|all [--out=DIR]
 
 Each suite writes DIR/SUITE.json (date, device, jax version, shapes, every figure) and its PNG
 plots, and prints a short summary. `--config` gives the shapes of the heads suite and the large
 config of the train suite's memory report (default configs/qwen3_8b.py). The e2e suite projects
 early stop's latency onto the heads suite's latency-vs-K line: from the same run, or from the
-heads.json an earlier run left in DIR.
+heads.json an earlier run left in DIR. The decode suite times one decode-loop step of every
+decoder against target-only decoding on random weights at `--decode_config`'s shapes (default
+configs/tiny_repro.py): the tau each must reach to break even on this machine.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from absl import flags
 
 from xpress_jax import cli, files
 
-SUITES = ("heads", "e2e", "train")
+SUITES = ("heads", "e2e", "decode", "train")
 flags.DEFINE_enum("suite", "heads", SUITES + ("all",), "Which benchmarks to run.")
 flags.DEFINE_string("out", "benchmarks/cpu", "Directory for the JSON results and plots.")
 flags.DEFINE_integer("reps", 5, "Timed repetitions per call (the median is reported).")
@@ -31,6 +33,10 @@ flags.DEFINE_string("repro_config", cli.config_path("tiny_repro.py"), "e2e: the 
 flags.DEFINE_integer("num_prompts", 8, "e2e: GSM8K test prompts.")
 flags.DEFINE_integer("max_new_tokens", 128, "e2e: tokens generated per prompt.")
 flags.DEFINE_integer("candidate_k", 8, "e2e: candidates per position of XPress candidate mode (top-k).")
+flags.DEFINE_string("decode_config", cli.config_path("tiny_repro.py"),
+                    "decode: the config whose shapes are timed on random weights (configs/qwen3_8b.py on an accelerator).")
+flags.DEFINE_list("contexts", ["128", "1024"], "decode: prompt lengths (committed tokens) the steps are timed at.")
+flags.DEFINE_integer("decode_tokens", 128, "decode: tokens generated per timed run.")
 flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.")
 flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.")
 FLAGS = flags.FLAGS
@@ -83,6 +89,22 @@ def run_e2e(out: str, heads_result: dict | None) -> dict:
     return result
 
 
+def run_decode(out: str) -> dict:
+    from xpress_jax import plots
+    from xpress_jax.bench import decode
+    result = decode.suite(cli.load_config(FLAGS.decode_config), contexts=[int(c) for c in FLAGS.contexts], batches=[int(b) for b in FLAGS.batches],
+                          new_tokens=FLAGS.decode_tokens, reps=FLAGS.reps)
+    result = {"config": FLAGS.decode_config, **result}
+    plots.break_even_tau(result, os.path.join(out, "decode-break_even_tau.png"))
+    for context, by_batch in result["contexts"].items():
+        for batch, rows in by_batch.items():
+            target_ms = rows["target"]["seconds_per_step"] * 1e3
+            others = ", ".join(f"{label} {r['break_even_tau']:.2f}" for label, r in rows.items() if label != "target")
+            print(f"decode context {context}, batch {batch}: target-only {target_ms:.2f} ms/step; "
+                  f"break-even tau: {others}")
+    return result
+
+
 def run_train(config_path: str) -> dict:
     from xpress_jax.bench import train
     result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps)
@@ -112,6 +134,8 @@ def main(config):
             results[suite] = run_heads(config, out)
         elif suite == "e2e":
             results[suite] = run_e2e(out, results.get("heads") or _earlier(out, "heads"))
+        elif suite == "decode":
+            results[suite] = run_decode(out)
         else:
             results[suite] = run_train(config_path)
         path = os.path.join(out, f"{suite}.json")

@@ -1,0 +1,99 @@
+"""The `decode` suite: what one step of each decoder's loop costs against one step of target-only
+decoding, at a config's shapes, on random weights (no trained checkpoint needed).
+
+A step's cost does not depend on the weights: every decoder runs static shapes, so a random
+drafter that is never accepted pays exactly what a trained one pays per verification step. The
+ratio is the tau a drafter must reach to break even on this machine: speedup = tau / break_even_tau.
+XPress is timed at fixed K (early stop off), because how soon its Jacobi loop reaches the fixed
+point does depend on trained weights.
+
+Per-step cost = (time to decode N tokens - time to decode 1 token) / (steps of the N-token run):
+the 1-token run has the same prefill and dispatch but never enters the loop, so both cancel. Each
+time is the fastest of its repetitions, not the median: load from elsewhere only adds time, and a
+difference of two timings wants the least disturbed run of each.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.errors import InputError
+
+# (label, decoder, settings): every decoder, XPress at three fixed K, D-Loop at one and four branches
+VARIANTS = (
+    ("target", "target", DecodeSettings()),
+    ("dflash", "dflash", DecodeSettings()),
+    ("markov", "markov", DecodeSettings()),
+    ("gru", "gru", DecodeSettings()),
+    ("xpress_K1", "xpress", DecodeSettings(max_iters=1, early_stop=False)),
+    ("xpress_K4", "xpress", DecodeSettings(max_iters=4, early_stop=False)),
+    ("xpress_K8", "xpress", DecodeSettings(max_iters=8, early_stop=False)),
+    ("dloop", "dloop", DecodeSettings()),
+    ("dloop_branches4", "dloop", DecodeSettings(branches=4)),
+    ("dloop+xpress_K4", "dloop+xpress", DecodeSettings(max_iters=4, early_stop=False)),
+)
+
+
+def _fastest_seconds(fn, reps: int):
+    """(fastest wall seconds of reps calls after a warm-up call that compiles, the last result)."""
+    out = fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def step_seconds(models, prompts, decoder: str, settings: DecodeSettings, *, new_tokens: int, reps: int) -> dict:
+    """Seconds per loop step of `decoder` on `prompts` (a batch of equal-length id lists)."""
+    from xpress_jax.decoding.speculative import generate
+    max_len = len(prompts[0]) + new_tokens + models.drafter.cfg.block_size * settings.branches
+    kw = dict(decoder=decoder, settings=settings, max_len=max_len)
+    whole, out = _fastest_seconds(lambda: generate(models, prompts, max_new_tokens=new_tokens, **kw), reps)
+    outside, _ = _fastest_seconds(lambda: generate(models, prompts, max_new_tokens=1, **kw), reps)
+    steps = int(out.stats["steps"].max())  # the batch advances together until its slowest sequence ends
+    if whole <= outside:
+        raise InputError(f"{decoder}: {new_tokens} tokens took no longer than 1 ({whole:.4f} s against "
+                         f"{outside:.4f} s): too few to time; raise the number of tokens or the repetitions")
+    return {"seconds_per_step": (whole - outside) / steps, "steps": steps,
+            "tokens_per_step": float(out.stats["committed"].sum() / out.stats["steps"].sum())}
+
+
+def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, reps: int = 3,
+          variants=VARIANTS) -> dict:
+    """For each context length (prompt tokens) and batch size: every variant's seconds per step and
+    its break-even tau (its step over target-only decoding's step)."""
+    from xpress_jax.assemble import build_target, new_drafter, new_head, drafter_config
+    from xpress_jax.decoding.speculative import SpecModels
+    from xpress_jax.methods import HEAD_OF
+
+    if new_tokens < 2:
+        raise InputError(f"new_tokens must be >= 2 (one step past the first token), got {new_tokens}")
+    if config.target.hf_dir:
+        raise InputError("the decode suite times random weights at a config's shapes; give a config without "
+                         "target.hf_dir (costs do not depend on the weights)")
+    target = build_target(config)
+    drafter = new_drafter(config, drafter_config(config, target.cfg))
+    heads = {name: new_head(name, config, drafter.cfg) for name in {HEAD_OF[d] for _, d, _ in variants} - {None}}
+    rng = np.random.default_rng(config.seed)
+    vocab = target.cfg.vocab_size
+    out = {"new_tokens": new_tokens, "reps": reps,
+           "shapes": {"target_layers": target.cfg.num_hidden_layers, "hidden": target.cfg.hidden_size,
+                      "vocab": vocab, "drafter_layers": drafter.cfg.num_hidden_layers,
+                      "block": drafter.cfg.block_size, "head_rank": int(config.heads.rank)},
+           "contexts": {}}
+    for context in contexts:
+        for batch in batches:
+            prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
+            rows = {label: step_seconds(SpecModels(target, drafter, heads.get(HEAD_OF[decoder])), prompts,
+                                        decoder, settings, new_tokens=new_tokens, reps=reps)
+                    for label, decoder, settings in variants}
+            for r in rows.values():
+                r["break_even_tau"] = r["seconds_per_step"] / rows["target"]["seconds_per_step"]
+            out["contexts"].setdefault(str(context), {})[str(batch)] = rows
+    return out
+
