@@ -92,8 +92,8 @@ def run_e2e(out: str, heads_result: dict | None) -> dict:
 def run_decode(out: str) -> dict:
     from xpress_jax import plots
     from xpress_jax.bench import decode
-    result = decode.suite(cli.load_config(FLAGS.decode_config), contexts=[int(c) for c in FLAGS.contexts], batches=[int(b) for b in FLAGS.batches],
-                          new_tokens=FLAGS.decode_tokens, reps=FLAGS.reps)
+    result = decode.suite(cli.load_config(FLAGS.decode_config), contexts=[int(c) for c in FLAGS.contexts],
+                          batches=[int(b) for b in FLAGS.batches], new_tokens=FLAGS.decode_tokens, reps=FLAGS.reps)
     result = {"config": FLAGS.decode_config, **result}
     plots.break_even_tau(result, os.path.join(out, "decode-break_even_tau.png"))
     for context, by_batch in result["contexts"].items():
