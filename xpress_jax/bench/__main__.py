@@ -23,7 +23,7 @@ from xpress_jax import cli, files
 SUITES = ("heads", "e2e", "decode", "train")
 flags.DEFINE_enum("suite", "heads", SUITES + ("all",), "Which benchmarks to run.")
 flags.DEFINE_string("out", "benchmarks/cpu", "Directory for the JSON results and plots.")
-flags.DEFINE_integer("reps", 5, "Timed repetitions per call (the median is reported).")
+flags.DEFINE_integer("reps", 5, "Timed repetitions per call (heads, e2e: the median is reported; decode: the fastest).")
 flags.DEFINE_list("batches", ["1", "8"], "Batch sizes of the heads and e2e suites.")
 flags.DEFINE_integer("context", 512, "heads: committed positions the drafter attends to.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],

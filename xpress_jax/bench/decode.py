@@ -96,4 +96,3 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
                 r["break_even_tau"] = r["seconds_per_step"] / rows["target"]["seconds_per_step"]
             out["contexts"].setdefault(str(context), {})[str(batch)] = rows
     return out
-
