@@ -71,6 +71,10 @@ def test_heads_and_train_suites_write_their_figures(tmp_path):
     assert len(train["variants"]) == 4 and all(v["tokens_per_s"] > 0 for v in train["variants"].values())
     assert max(v["relative_to_fastest"] for v in train["variants"].values()) == 1.0
     assert train["dry_run"]["peak_gib"] > 0
+    for head in ("markov", "xpress"):
+        frozen = train["frozen_drafter"][head]
+        assert frozen["frozen"]["seconds_per_step"] > 0 and frozen["full_backward"]["seconds_per_step"] > 0
+        assert 0 < frozen["flops_ratio"] < 1
 
 
 def test_decode_suite_reports_every_decoder_against_target_only(tmp_path):

@@ -272,6 +272,39 @@ def test_init_from_a_trained_drafter_trains_only_the_heads(tmp_path):
         np.testing.assert_array_equal(start[f"markov.{k}"], v)
 
 
+def test_a_frozen_drafter_is_not_differentiated(tmp_path):
+    """trainable=heads: the step takes no gradient through the frozen drafter (fewer flops), and
+    its update is the one a full backward pass gives: same heads, same untouched drafter."""
+    from xpress_jax.training.step import make_train_step
+    from xpress_jax.training.trainer import Setup, loss_settings
+    config = train_config(tmp_path, **{"data.max_len": "64", "train.steps": "10", "train.trainable": "heads",
+                                       "train.heads": "('markov', 'xpress')"})
+    setup = Setup(config, abstract=False)
+    rng = np.random.default_rng(0)
+    batch = setup.global_batch({"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
+                                "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)})
+    everything = jax.jit(make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule,
+                                         loss_settings(config)))
+    args = (setup.init_state(), setup.target_params, batch)
+    flops = lambda f: f.lower(*args).compile().cost_analysis()["flops"]  # noqa: E731
+    assert flops(setup.step) < 0.9 * flops(everything)
+
+    new, old = setup.init_state(), setup.init_state()
+    for _ in range(2):  # the first step's learning rate is 0 (warmup)
+        new, m_new = setup.step(new, setup.target_params, batch)
+        old, m_old = everything(old, setup.target_params, batch)
+    assert float(m_new["loss"]) == pytest.approx(float(m_old["loss"]), rel=1e-6)
+    start = jax.device_get(setup.params)
+    moved = 0
+    for k, v in jax.device_get(new["params"]).items():
+        np.testing.assert_allclose(v, jax.device_get(old["params"][k]), atol=1e-6, err_msg=k)
+        if k.startswith("drafter."):
+            np.testing.assert_array_equal(v, start[k])
+        moved += not np.array_equal(v, start[k])
+    assert moved > 0
+    assert 0 < float(m_new["grad_norm"]) < float(m_old["grad_norm"])  # the heads' gradient alone
+
+
 def nnx_abstract_markov(setup):
     from flax import nnx
     from xpress_jax.training.state import merge

@@ -110,6 +110,9 @@ def run_train(config_path: str) -> dict:
     result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps)
     for name, v in result["variants"].items():
         print(f"train {name}: {v['tokens_per_s']:.0f} tokens/s ({v['relative_to_fastest']:.2f} of the fastest)")
+    for head, v in result["frozen_drafter"].items():
+        print(f"train {head} on a frozen drafter: {v['time_ratio']:.2f} of the step time and {v['flops_ratio']:.2f} "
+              "of the flops of the same step with a backward pass through the drafter")
     print(f"train --dry_run {os.path.basename(config_path)}: peak {result['dry_run'].get('peak_gib')} GiB per device")
     return result
 

@@ -1,7 +1,9 @@
 """The `train` suite: throughput of the jitted train step on a small config with and without
-rematerialisation and at two anchor-chunk sizes (measured side by side on the same batch), and
-the compiled per-device memory of a large config's step (`python -m xpress_jax.train --dry_run`,
-abstract arrays on fake devices: no weights are allocated)."""
+rematerialisation and at two anchor-chunk sizes (measured side by side on the same batch); a
+head's step on a frozen drafter (train.trainable=heads) against the same step with a backward
+pass through the drafter; and the compiled per-device memory of a large config's step
+(`python -m xpress_jax.train --dry_run`, abstract arrays on fake devices: no weights are
+allocated)."""
 
 from __future__ import annotations
 
@@ -28,24 +30,48 @@ def _batch(config, seed: int = 0) -> dict:
     return {"ids": ids, "loss_mask": loss_mask}
 
 
-def step_throughput(config, *, steps: int) -> dict:
-    """Median seconds of one train step (after a compiling step) and the tokens/s that follow."""
-    from xpress_jax.training.trainer import Setup
-    setup = Setup(config, abstract=False, num_records=None)
+def _timed(step, setup, config, steps: int) -> dict:
+    """Median seconds of `step` (after a compiling call) on one batch, and the tokens/s that follow."""
     state = setup.init_state()
     batch = setup.global_batch(_batch(config))
-    state, metrics = setup.step(state, setup.target_params, batch)  # compile
+    state, metrics = step(state, setup.target_params, batch)  # compile
     jax.block_until_ready(metrics)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        state, metrics = setup.step(state, setup.target_params, batch)
+        state, metrics = step(state, setup.target_params, batch)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t0)
     seconds = float(np.median(times))
     tokens = config.train.batch_size * config.data.max_len
     return {"seconds_per_step": seconds, "tokens_per_s": tokens / seconds, "tokens_per_step": tokens,
             "loss": float(jnp.asarray(metrics["loss"]))}
+
+
+def step_throughput(config, *, steps: int) -> dict:
+    """The trainer's step for `config`: median seconds, tokens/s."""
+    from xpress_jax.training.trainer import Setup
+    setup = Setup(config, abstract=False, num_records=None)
+    return _timed(setup.step, setup, config, steps)
+
+
+def frozen_drafter_step(config, *, steps: int) -> dict:
+    """A trainable=heads config: the trainer's step (no gradient through the frozen drafter)
+    against the same loss and update with gradients taken through every parameter, timed in turn
+    on the same batch, with the compiled flops of each."""
+    from xpress_jax.training.step import make_train_step
+    from xpress_jax.training.trainer import Setup, loss_settings
+    setup = Setup(config, abstract=False, num_records=None)
+    full = jax.jit(make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule,
+                                   loss_settings(config)), donate_argnums=(0,))
+    args = (setup.abstract_state, setup.target_params, setup.global_batch(_batch(config)))
+    out = {}
+    for name, step in (("frozen", setup.step), ("full_backward", full)):
+        out[name] = {**_timed(step, setup, config, steps),
+                     "flops": float(step.lower(*args).compile().cost_analysis()["flops"])}
+    out["time_ratio"] = out["frozen"]["seconds_per_step"] / out["full_backward"]["seconds_per_step"]
+    out["flops_ratio"] = out["frozen"]["flops"] / out["full_backward"]["flops"]
+    return out
 
 
 def dry_run_memory(config_path: str) -> dict:
@@ -58,7 +84,8 @@ def dry_run_memory(config_path: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chunks=None) -> dict:
+def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chunks=None,
+          heads=("markov", "xpress")) -> dict:
     from xpress_jax.cli import with_overrides, load_config
     base = load_config(small_config_path)
     anchors = base.train.num_anchors
@@ -74,5 +101,11 @@ def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chu
     fastest = max(v["tokens_per_s"] for v in out["variants"].values())
     for v in out["variants"].values():
         v["relative_to_fastest"] = v["tokens_per_s"] / fastest
+    with tempfile.TemporaryDirectory() as tmp:
+        out["frozen_drafter"] = {}
+        for head in heads:
+            config = with_overrides(small_config_path, **{"train.trainable": "heads", "train.heads": f"('{head}',)",
+                                                          "train.steps": steps + 1, "train.out_dir": tmp})
+            out["frozen_drafter"][head] = frozen_drafter_step(config, steps=steps)
     out["dry_run"] = {"config": large_config_path, **dry_run_memory(large_config_path)}
     return out

@@ -163,19 +163,27 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
     return total, metrics
 
 
-def make_train_step(graphdef, target_graphdef, tx, schedule, settings: LossSettings):
-    """step(state, target_params, batch) -> (state, metrics); jit it with shardings and donation."""
+def make_train_step(graphdef, target_graphdef, tx, schedule, settings: LossSettings,
+                    frozen: frozenset[str] = frozenset()):
+    """step(state, target_params, batch) -> (state, metrics); jit it with shardings and donation.
+
+    `frozen`: parameter keys that do not train (train.trainable). They are not differentiated at
+    all, so a head trained on a frozen drafter runs the drafter forward only, with no backward
+    pass through it; their gradient is zero for the optimizer (which leaves them unchanged)."""
 
     def step(state, target_params, batch):
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), state["step"])  # resume-exact
+        fixed = {k: v for k, v in state["params"].items() if k in frozen}
+        learned = {k: v for k, v in state["params"].items() if k not in frozen}
 
-        def loss_fn(params):
-            model = merge(graphdef, params)
+        def loss_fn(learned):
+            model = merge(graphdef, {**fixed, **learned})
             target = merge(target_graphdef, target_params)
             return compute_loss(model, target, batch["ids"], batch["loss_mask"], key, settings)
 
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        grad_norm = optax.tree.norm(grads)
+        (loss, metrics), learned_grads = jax.value_and_grad(loss_fn, has_aux=True)(learned)
+        grads = {**learned_grads, **{k: jnp.zeros_like(v) for k, v in fixed.items()}}
+        grad_norm = optax.tree.norm(learned_grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))

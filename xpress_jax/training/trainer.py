@@ -88,7 +88,10 @@ class Setup:
                                            abstract_state, self.state_sharding)
         self.batch_sharding = NamedSharding(self.mesh, sharding.logical_to_spec(
             ("batch", None), (config.train.batch_size, 1), self.mesh))
-        step = make_train_step(self.graphdef, self.target_graphdef, self.tx, self.schedule, loss_settings(config))
+        frozen = frozenset(k for k, label in st.trainable_labels(self.params, config.train.trainable).items()
+                           if label == "freeze")
+        step = make_train_step(self.graphdef, self.target_graphdef, self.tx, self.schedule, loss_settings(config),
+                               frozen)
         self.step = jax.jit(step, in_shardings=(self.state_sharding, self.target_sharding, self.batch_sharding),
                             out_shardings=(self.state_sharding, None), donate_argnums=(0,))
 
