@@ -39,7 +39,8 @@ def main(config):
     plots = [os.path.join(run, "eval", t, p) for t in results["eval"] for p in ("acceptance.png", "tau_vs_k.png")
              if os.path.isfile(os.path.join(run, "eval", t, p))]
     print(f"results: {os.path.join(run, 'results.json')}, {os.path.join(run, 'table.md')}")
-    print("plots: " + ", ".join(plots))
+    if plots:
+        print("plots: " + ", ".join(plots))
     if FLAGS.publish:
         publish(run, FLAGS.publish)
         print(f"published to {FLAGS.publish}")
