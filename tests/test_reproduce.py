@@ -47,6 +47,11 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
         assert all(rows[label]["lossless"] is True for label in LABELS)
         assert all(rows[label]["tau"] >= 1 and rows[label]["tau_per_prompt_mean"] >= 1 for label in LABELS)
         assert set(t0["jacobi_sweep"][ds]) == {"xpress", "xpress.frozen"}
+        for label in LABELS:  # every method against dflash on the same prompts, with its interval
+            if label != "dflash":
+                c = rows[label]["tau_vs_reference"]
+                assert c["reference"] == "dflash" and 0 < c["ci95"][0] <= c["ci95"][1]
+                assert c["ratio"] == pytest.approx(rows[label]["tau"] / rows["dflash"]["tau"], abs=1e-3)
         cand = rows["xpress"]["candidate"]
         assert cand["blocks"] > 0 and 0 <= cand["token_agreement"] <= 1 and cand["tau"] >= 1
     t1 = json.loads((out / "eval" / "T1" / "results.json").read_text())

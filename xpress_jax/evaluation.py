@@ -25,6 +25,7 @@ from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import InputError
 from xpress_jax.methods import DECODERS, SPEC_DECODERS
+from xpress_jax.significance import paired_tau_ratio
 
 log = logging.getLogger("xpress_jax.eval")
 
@@ -130,7 +131,25 @@ def summarise(tokens, stats, seconds, baseline_tps, block_size: int | None = Non
         "mean_iterations": round(float(stats["iterations"].sum()) / steps, 3) if steps else 0.0,
         # drafted positions whose token repeats the previous drafted token (D-Loop's repetition trap)
         "repetition_rate": round(float(stats["draft_repeats"].sum()) / drafted_pairs, 4) if drafted_pairs else None,
+        # each prompt's committed tokens and target passes: what the paired comparisons resample
+        "per_prompt": {"committed": stats["committed"].astype(int).tolist(),
+                       "steps": stats["steps"].astype(int).tolist()},
     }
+
+
+def compare_to_reference(rows: dict) -> None:
+    """Adds `tau_vs_reference` to every method of one dataset: its tau over the reference's (dflash
+    where measured, else the first method) with a 95% paired-bootstrap interval over prompts."""
+    methods = [label for label in rows if label != "target"]
+    if len(methods) < 2:
+        return
+    ref = "dflash" if "dflash" in rows else methods[0]
+    r0 = rows[ref]["per_prompt"]
+    for label in methods:
+        if label != ref:
+            pp = rows[label]["per_prompt"]
+            rows[label]["tau_vs_reference"] = {"reference": ref, **paired_tau_ratio(
+                pp["committed"], pp["steps"], r0["committed"], r0["steps"])}
 
 
 def markdown(results: dict) -> str:
@@ -142,6 +161,14 @@ def markdown(results: dict) -> str:
             rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
             lines.append(f"| {ds} | {label} | {r['tau']:.3f} | {r['tau_per_prompt_mean']:.3f} | {rep} | "
                          f"{r['tokens_per_s']:.1f} | {r['speedup'] if r['speedup'] is not None else '-'} | {lossless} |")
+    compared = [(ds, label, r["tau_vs_reference"]) for ds, rows in results.items() for label, r in rows.items()
+                if "tau_vs_reference" in r]
+    if compared:
+        lines += ["", "tau against the reference method on the same prompts, with a 95% paired bootstrap over "
+                  "prompts (an interval holding 1 is no evidence of an ordering):", "",
+                  "| dataset | method | reference | tau ratio | 95% interval |", "|---|---|---|---|---|"]
+        lines += [f"| {ds} | {label} | {c['reference']} | {c['ratio']:.3f} | {c['ci95'][0]:.3f}-{c['ci95'][1]:.3f} |"
+                  for ds, label, c in compared]
     return "\n".join(lines) + "\n"
 
 
@@ -206,6 +233,8 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
                     _, st_k, _ = run_decoder(spec, prompts, "xpress", {**e, "max_iters": int(k)}, pad,
                                              f"{ds}/{m.label} K={k}")
                     sweep[ds][m.label][str(k)] = float(st_k["committed"].sum() / st_k["steps"].sum())
+    for rows in results.values():
+        compare_to_reference(rows)
     report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind,
               "settings": {k: v for k, v in e.items() if k != "stop_ids"},
               "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,

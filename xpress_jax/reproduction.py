@@ -219,16 +219,20 @@ def gather(run: str) -> dict:
 
 
 def table(results: dict) -> str:
-    """Per temperature and dataset: every method's tau, per-prompt tau, repetition and speedup."""
+    """Per temperature and dataset: every method's tau, per-prompt tau, its tau against DFlash's with
+    the 95% paired-bootstrap interval over prompts, repetition and speedup."""
     lines = []
     for name, report in results["eval"].items():
         lines += [f"\n### {name.replace('T', 'temperature ')}\n",
-                  "| dataset | method | tau | tau (per-prompt mean) | repetition | tokens/s | speedup |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) | repetition | tokens/s "
+                  "| speedup |",
+                  "|---|---|---|---|---|---|---|---|"]
         for ds, rows in report["results"].items():
             for label, r in rows.items():
                 rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
-                lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {rep} | "
+                c = r.get("tau_vs_reference")  # absent from reports made before it existed
+                vs = f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
+                lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {vs} | {rep} | "
                              f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
         for ds, rows in report["results"].items():
             for label, r in rows.items():
