@@ -111,8 +111,9 @@ def run_train(config_path: str) -> dict:
     for name, v in result["variants"].items():
         print(f"train {name}: {v['tokens_per_s']:.0f} tokens/s ({v['relative_to_fastest']:.2f} of the fastest)")
     for head, v in result["frozen_drafter"].items():
-        print(f"train {head} on a frozen drafter: {v['time_ratio']:.2f} of the step time and {v['flops_ratio']:.2f} "
-              "of the flops of the same step with a backward pass through the drafter")
+        flops = f" and {v['flops_ratio']:.2f} of the flops" if v["flops_ratio"] is not None else ""
+        print(f"train {head} on a frozen drafter: {v['time_ratio']:.2f} of the step time{flops} "
+              "of the same step with a backward pass through the drafter")
     print(f"train --dry_run {os.path.basename(config_path)}: peak {result['dry_run'].get('peak_gib')} GiB per device")
     return result
 

@@ -55,6 +55,16 @@ def step_throughput(config, *, steps: int) -> dict:
     return _timed(setup.step, setup, config, steps)
 
 
+def compiled_flops(jitted, *args) -> float | None:
+    """XLA's flop count of the compiled call (a dict, or a list of one per program in older jax;
+    None where the backend does not count)."""
+    analysis = jitted.lower(*args).compile().cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else None
+    flops = (analysis or {}).get("flops")
+    return float(flops) if flops is not None else None
+
+
 def frozen_drafter_step(config, *, steps: int) -> dict:
     """A trainable=heads config: the trainer's step (no gradient through the frozen drafter)
     against the same loss and update with gradients taken through every parameter, timed in turn
@@ -67,10 +77,10 @@ def frozen_drafter_step(config, *, steps: int) -> dict:
     args = (setup.abstract_state, setup.target_params, setup.global_batch(_batch(config)))
     out = {}
     for name, step in (("frozen", setup.step), ("full_backward", full)):
-        out[name] = {**_timed(step, setup, config, steps),
-                     "flops": float(step.lower(*args).compile().cost_analysis()["flops"])}
+        out[name] = {**_timed(step, setup, config, steps), "flops": compiled_flops(step, *args)}
     out["time_ratio"] = out["frozen"]["seconds_per_step"] / out["full_backward"]["seconds_per_step"]
-    out["flops_ratio"] = out["frozen"]["flops"] / out["full_backward"]["flops"]
+    counted = out["frozen"]["flops"] and out["full_backward"]["flops"]
+    out["flops_ratio"] = out["frozen"]["flops"] / out["full_backward"]["flops"] if counted else None
     return out
 
 
