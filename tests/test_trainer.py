@@ -275,19 +275,18 @@ def test_init_from_a_trained_drafter_trains_only_the_heads(tmp_path):
 def test_a_frozen_drafter_is_not_differentiated(tmp_path):
     """trainable=heads: the step takes no gradient through the frozen drafter (fewer flops), and
     its update is the one a full backward pass gives: same heads, same untouched drafter."""
-    from xpress_jax.bench.train import compiled_flops
-    from xpress_jax.training.step import make_train_step
-    from xpress_jax.training.trainer import Setup, loss_settings
+    from xpress_jax.bench.train import compiled_flops, full_backward_step
+    from xpress_jax.training.trainer import Setup
     config = train_config(tmp_path, **{"data.max_len": "64", "train.steps": "10", "train.trainable": "heads",
                                        "train.heads": "('markov', 'xpress')"})
     setup = Setup(config, abstract=False)
     rng = np.random.default_rng(0)
     batch = setup.global_batch({"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
                                 "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)})
-    everything = jax.jit(make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule,
-                                         loss_settings(config)))
+    everything = full_backward_step(setup, config)
     args = (setup.init_state(), setup.target_params, batch)
-    assert compiled_flops(setup.step, *args) < 0.9 * compiled_flops(everything, *args)
+    flops = lambda step: compiled_flops(step.lower(*args).compile())  # noqa: E731
+    assert flops(setup.step) < 0.9 * flops(everything)
 
     new, old = setup.init_state(), setup.init_state()
     for _ in range(2):  # the first step's learning rate is 0 (warmup)

@@ -31,10 +31,11 @@ def _batch(config, seed: int = 0) -> dict:
 
 
 def _timed(step, setup, config, steps: int) -> dict:
-    """Median seconds of `step` (after a compiling call) on one batch, and the tokens/s that follow."""
+    """Median seconds of `step` (after a first, compiling or warm-up call) on one batch, and the
+    tokens/s that follow."""
     state = setup.init_state()
     batch = setup.global_batch(_batch(config))
-    state, metrics = step(state, setup.target_params, batch)  # compile
+    state, metrics = step(state, setup.target_params, batch)  # compile / warm up
     jax.block_until_ready(metrics)
     times = []
     for _ in range(steps):
@@ -55,29 +56,36 @@ def step_throughput(config, *, steps: int) -> dict:
     return _timed(setup.step, setup, config, steps)
 
 
-def compiled_flops(jitted, *args) -> float | None:
-    """XLA's flop count of the compiled call (a dict, or a list of one per program in older jax;
+def compiled_flops(compiled) -> float | None:
+    """XLA's flop count of a compiled call (a dict, or a list of one per program in older jax;
     None where the backend does not count)."""
-    analysis = jitted.lower(*args).compile().cost_analysis()
+    analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else None
     flops = (analysis or {}).get("flops")
     return float(flops) if flops is not None else None
 
 
+def full_backward_step(setup, config):
+    """The trainer's loss and update for `config`, but with gradients taken through every
+    parameter, frozen or not (what the trainer did before frozen parts were left out)."""
+    from xpress_jax.training.step import make_train_step
+    from xpress_jax.training.trainer import loss_settings
+    return jax.jit(make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule,
+                                   loss_settings(config)), donate_argnums=(0,))
+
+
 def frozen_drafter_step(config, *, steps: int) -> dict:
     """A trainable=heads config: the trainer's step (no gradient through the frozen drafter)
-    against the same loss and update with gradients taken through every parameter, timed in turn
-    on the same batch, with the compiled flops of each."""
-    from xpress_jax.training.step import make_train_step
-    from xpress_jax.training.trainer import Setup, loss_settings
+    against `full_backward_step`, each compiled once, timed in turn on the same batch, with the
+    compiled flops of each."""
+    from xpress_jax.training.trainer import Setup
     setup = Setup(config, abstract=False, num_records=None)
-    full = jax.jit(make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule,
-                                   loss_settings(config)), donate_argnums=(0,))
     args = (setup.abstract_state, setup.target_params, setup.global_batch(_batch(config)))
     out = {}
-    for name, step in (("frozen", setup.step), ("full_backward", full)):
-        out[name] = {**_timed(step, setup, config, steps), "flops": compiled_flops(step, *args)}
+    for name, step in (("frozen", setup.step), ("full_backward", full_backward_step(setup, config))):
+        compiled = step.lower(*args).compile()
+        out[name] = {**_timed(compiled, setup, config, steps), "flops": compiled_flops(compiled)}
     out["time_ratio"] = out["frozen"]["seconds_per_step"] / out["full_backward"]["seconds_per_step"]
     counted = out["frozen"]["flops"] and out["full_backward"]["flops"]
     out["flops_ratio"] = out["frozen"]["flops"] / out["full_backward"]["flops"] if counted else None
