@@ -6,9 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_fixtures import chi_square_p, exact_first_two, random_models, zero_logit_models
-from xpress_jax.decoding.dloop import branch_inputs, branch_layout, prefix_scores, select_prefixes, verify_branches
-from xpress_jax.decoding.speculative import SpecModels, generate
+from spec_fixtures import chi_square_p, exact_first_two, random_models, redraw, zero_logit_models
+from xpress_jax.decoding.dloop import (branch_inputs, branch_layout, loop_draft, prefix_scores, select_prefixes,
+                                      verify_branches)
+from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.decoding.speculative import SpecModels, adjacent_repeats, generate, prefill
 from xpress_jax.decoding.verify import branch_accept
 from xpress_jax.errors import InputError
 from xpress_jax.models.qwen3 import KVCache
@@ -118,6 +120,35 @@ def test_state_after_multi_branch_verification_equals_direct_decoding():
     whole = drafter.extend_context(KVCache.init(drafter.cfg, 1, 64), direct.taps)
     for a, b in zip(grown.k + grown.v, whole.k + whole.v):
         np.testing.assert_allclose(a[:, :, :used], b[:, :, :used], atol=1e-5)  # [batch, kv_heads, slots, head_dim]
+
+
+@pytest.mark.parametrize("std", [1.0, 4.0])
+def test_first_step_stats_report_the_kept_prefix_and_the_one_pass_block(std):
+    """One verification step: the stats' kept prefix, empty-prefix count and one-pass repeats equal
+    those of the draft the engine's own pieces make from the prefilled state."""
+    models = random_models("dflash", seed=0, block=BLOCK)
+    target, drafter = redraw(models.target, 11, std=std), models.drafter  # peaked: some prefixes are kept
+    out = generate(models, PROMPTS, decoder="dloop", max_new_tokens=2)  # the first token, then one step
+    assert out.stats["steps"].tolist() == [1, 1, 1]
+    for i, prompt in enumerate(PROMPTS):
+        ids = jnp.asarray([prompt])
+        pre, ctx = prefill(target, drafter, ids, jnp.asarray([len(prompt)]), 64)
+        last = jnp.argmax(pre.logits[:, -1], -1).astype(jnp.int32)
+        d = loop_draft(target, drafter, ctx, last, DecodeSettings())
+        kept = int(d.prefix_len[0, 0])
+        assert int(out.stats["prefix_kept"][i]) == kept
+        assert int(out.stats["empty_prefix"][i]) == (kept == 0)
+        assert int(out.stats["drafter_repeats"][i]) == int(adjacent_repeats(d.one_pass)[0])
+        assert int(out.stats["draft_repeats"][i]) == int(adjacent_repeats(d.tokens[:, 0])[0])
+        np.testing.assert_array_equal(d.tokens[0, 0, :kept], d.one_pass[0, :kept])  # the prefix is pass 1's
+    assert out.stats["prefix_kept"].any() and out.stats["empty_prefix"].any()  # both cases were met
+
+
+def test_one_pass_decoders_report_no_prefix_and_their_drafters_repeats():
+    models = random_models("markov", seed=2, block=BLOCK)
+    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=13)
+    assert (out.stats["drafter_repeats"] == out.stats["draft_repeats"]).all()  # the block is the drafter's
+    assert not out.stats["prefix_kept"].any() and not out.stats["empty_prefix"].any()
 
 
 def test_branch_accept_greedy_keeps_the_longest_branch():

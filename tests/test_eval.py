@@ -60,6 +60,10 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
         assert report["results"][ds]["xpress"]["lossless"] is True
         loop = report["results"][ds]["dloop+xpress.K2"]
         assert loop["lossless"] is True and loop["branches"] == 2 and loop["time_split"]["draft_s"] > 0
+        assert 0.0 <= loop["empty_prefix_share"] <= 1.0 and 0.0 <= loop["mean_prefix_kept"] <= 14
+        assert "mean_prefix_kept" not in report["results"][ds]["xpress"]
+        dflash = report["results"][ds]["dflash"]
+        assert dflash["drafter_repetition_rate"] == dflash["repetition_rate"]  # its block is the drafter's
         split = report["results"][ds]["xpress"]["time_split"]
         assert set(split) == {"prefill_s", "draft_s", "fold_s", "refine_s", "verify_s"} and split["fold_s"] > 0
         assert set(report["jacobi_sweep"][ds]["xpress"]) == {"1", "3"}

@@ -60,6 +60,7 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
     assert set(results["stage_seconds"]) == {"target", "regen", *STAGES, "eval"}
     assert t0["results"]["gsm8k"]["dloop.K2"]["branches"] == 2
     assert "| gsm8k | xpress |" in (out / "table.md").read_text() and "| gsm8k | xpress |" in r.stdout
+    assert "gsm8k dloop: the verified branch kept" in (out / "table.md").read_text()  # D-Loop's prefixes
     # the console: progress and results, not library INFO lines
     assert " I1" not in r.stderr and "checkpoint_manager" not in r.stderr
     assert "checkpoint_manager" in (out / "log.txt").read_text()

@@ -114,7 +114,16 @@ def run_decoder(models, prompts, decoder, e, pad, desc, branches: int = 1):
     return tokens, stats, seconds
 
 
-def summarise(tokens, stats, seconds, baseline_tps, block_size: int | None = None) -> dict:
+def loop_summary(stats, steps: int) -> dict:
+    """D-Loop's prefixes: the mean pass-1 prefix length the verified branch kept, and the share of
+    steps where it kept none (an empty prefix reruns pass 1's input, so pass 2 changes nothing)."""
+    if not steps:
+        return {}
+    return {"mean_prefix_kept": round(float(stats["prefix_kept"].sum()) / steps, 3),
+            "empty_prefix_share": round(float(stats["empty_prefix"].sum()) / steps, 4)}
+
+
+def summarise(tokens, stats, seconds, baseline_tps, block_size: int | None = None, loop: bool = False) -> dict:
     new = sum(len(t) for t in tokens)
     steps = int(stats["steps"].sum())
     tps = new / seconds if seconds else float("nan")
@@ -131,6 +140,11 @@ def summarise(tokens, stats, seconds, baseline_tps, block_size: int | None = Non
         "mean_iterations": round(float(stats["iterations"].sum()) / steps, 3) if steps else 0.0,
         # drafted positions whose token repeats the previous drafted token (D-Loop's repetition trap)
         "repetition_rate": round(float(stats["draft_repeats"].sum()) / drafted_pairs, 4) if drafted_pairs else None,
+        # the same on the drafter's own one-pass argmax block at the same steps: what the head or
+        # D-Loop's second pass started from (D-Loop's Table 2 compares these two)
+        "drafter_repetition_rate": (round(float(stats["drafter_repeats"].sum()) / drafted_pairs, 4)
+                                    if drafted_pairs else None),
+        **(loop_summary(stats, steps) if loop else {}),
         # each prompt's committed tokens and target passes: what the paired comparisons resample
         "per_prompt": {"committed": stats["committed"].astype(int).tolist(),
                        "steps": stats["steps"].astype(int).tolist()},
@@ -153,12 +167,15 @@ def compare_to_reference(rows: dict) -> None:
 
 
 def markdown(results: dict) -> str:
-    lines = ["| dataset | method | tau | tau (per-prompt mean) | repetition | tokens/s | speedup | lossless |",
+    lines = ["| dataset | method | tau | tau (per-prompt mean) | repetition (drafter's block) | tokens/s | speedup "
+             "| lossless |",
              "|---|---|---|---|---|---|---|---|"]
     for ds, rows in results.items():
         for label, r in rows.items():
             lossless = {True: "yes", False: "NO", None: "-"}[r.get("lossless")]
             rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
+            if r.get("drafter_repetition_rate") is not None:
+                rep += f" ({r['drafter_repetition_rate']:.3f})"
             lines.append(f"| {ds} | {label} | {r['tau']:.3f} | {r['tau_per_prompt_mean']:.3f} | {rep} | "
                          f"{r['tokens_per_s']:.1f} | {r['speedup'] if r['speedup'] is not None else '-'} | {lossless} |")
     compared = [(ds, label, r["tau_vs_reference"]) for ds, rows in results.items() for label, r in rows.items()
@@ -204,7 +221,8 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
         for m in methods:
             spec = models[m.label]
             tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, e, pad, f"{ds}/{m.label}", m.branches)
-            r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], spec.drafter.cfg.block_size)
+            r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], spec.drafter.cfg.block_size,
+                          loop=DECODERS[m.decoder].loop)
             r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
             if DECODERS[m.decoder].loop:
                 r["branches"] = m.branches

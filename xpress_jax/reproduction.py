@@ -220,16 +220,20 @@ def gather(run: str) -> dict:
 
 def table(results: dict) -> str:
     """Per temperature and dataset: every method's tau, per-prompt tau, its tau against DFlash's with
-    the 95% paired-bootstrap interval over prompts, repetition and speedup."""
+    the 95% paired-bootstrap interval over prompts, repetition (and, in brackets, that of the drafter's
+    own one-pass block at the same steps), speedup, and D-Loop's kept prefixes."""
     lines = []
     for name, report in results["eval"].items():
         lines += [f"\n### {name.replace('T', 'temperature ')}\n",
-                  "| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) | repetition | tokens/s "
+                  "| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) | repetition (drafter's block) "
+                  "| tokens/s "
                   "| speedup |",
                   "|---|---|---|---|---|---|---|---|"]
         for ds, rows in report["results"].items():
             for label, r in rows.items():
                 rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
+                if r.get("drafter_repetition_rate") is not None:  # absent from older reports
+                    rep += f" ({r['drafter_repetition_rate']:.3f})"
                 c = r.get("tau_vs_reference")  # absent from reports made before it existed
                 vs = f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
                 lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {vs} | {rep} | "
@@ -241,6 +245,11 @@ def table(results: dict) -> str:
                     lines.append(f"\n{ds} {label} candidate mode (top-{c['top_k']}, K={c['max_iters']}): token agreement "
                                  f"{c['token_agreement']:.4f} with the exact refiner over {c['blocks']} blocks; "
                                  f"tau {c['tau']:.3f} against {c['tau_exact']:.3f} exact")
+        for ds, rows in report["results"].items():
+            for label, r in rows.items():
+                if "mean_prefix_kept" in r:
+                    lines.append(f"\n{ds} {label}: the verified branch kept {r['mean_prefix_kept']:.2f} pass-1 tokens "
+                                 f"per step; {100 * r['empty_prefix_share']:.0f}% of steps kept none (pass 2 = pass 1)")
         for ds, by_label in report.get("jacobi_sweep", {}).items():
             for label, by_k in by_label.items():
                 ks = ", ".join(f"K={k}: {v:.2f}" for k, v in by_k.items())

@@ -28,6 +28,7 @@ from xpress_jax.models.drafter import block_inputs
 class LoopDraft:
     tokens: jax.Array  # [batch, K, n] each branch's proposal y = (x~_1..x~_l, y_{l+1}..y_n)
     prefix_len: jax.Array  # [batch, K] the l kept from pass 1, best score first
+    one_pass: jax.Array  # [batch, n] argmax of pass 1's base logits s: DFlash's block from this drafter
     iterations: jax.Array  # [batch] Jacobi iterations (dloop+xpress; 0 for dloop)
 
 
@@ -66,6 +67,7 @@ def loop_draft(target, drafter, ctx, last: jax.Array, settings: DecodeSettings, 
 
     h1 = drafter(target.embed(block_inputs(last, block, mask_id)), ctx)[:, 1:]  # [batch, n, hidden]
     s1 = target.logits(h1)  # [batch, n, vocab]
+    one_pass = jnp.argmax(s1, axis=-1).astype(jnp.int32)
     iterations = jnp.zeros((batch,), jnp.int32)
     if head is None:
         logits1 = s1
@@ -83,7 +85,7 @@ def loop_draft(target, drafter, ctx, last: jax.Array, settings: DecodeSettings, 
     in_prefix = (jnp.arange(1, block)[None, None, :] <= prefix_len[:, :, None])  # [batch, K, n]
     if head is None:
         tokens = jnp.where(in_prefix, x1[:, None, :], jnp.argmax(s2, axis=-1).astype(jnp.int32))
-        return LoopDraft(tokens=tokens, prefix_len=prefix_len, iterations=iterations)
+        return LoopDraft(tokens=tokens, prefix_len=prefix_len, one_pass=one_pass, iterations=iterations)
 
     # each branch refined as its own block: prefix rows from pass 1, suffix rows from pass 2
     s_branch = jnp.where(in_prefix[..., None], s1[:, None], s2)  # [batch, K, n, vocab]
@@ -95,7 +97,7 @@ def loop_draft(target, drafter, ctx, last: jax.Array, settings: DecodeSettings, 
     # the kept prefix is pass 1's (equal to the refined one once Jacobi has converged)
     tokens = jnp.where(in_prefix, x1[:, None, :], y)
     iterations = iterations + jnp.max(refined.iterations.reshape(batch, branches), axis=1)
-    return LoopDraft(tokens=tokens, prefix_len=prefix_len, iterations=iterations)
+    return LoopDraft(tokens=tokens, prefix_len=prefix_len, one_pass=one_pass, iterations=iterations)
 
 
 def branch_layout(branches: int, block: int) -> tuple[jax.Array, jax.Array]:

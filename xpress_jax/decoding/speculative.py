@@ -61,6 +61,11 @@ class DecodeStats:
     accepted_at: jax.Array  # [batch, B-1] steps whose acceptance reached position k (1-based k = index + 1)
     iterations: jax.Array  # [batch] Jacobi iterations (or serial steps) summed over steps
     draft_repeats: jax.Array  # [batch] drafted positions 2..B-1 whose token equals the previous drafted token
+    # the same count on the drafter's own one-pass block (argmax s, before any head or second pass),
+    # on the same contexts: what the head or D-Loop's second pass started from
+    drafter_repeats: jax.Array  # [batch]
+    prefix_kept: jax.Array  # [batch] D-Loop: pass-1 tokens kept by the verified branch, summed over steps
+    empty_prefix: jax.Array  # [batch] D-Loop: steps whose verified branch kept no prefix (pass 2 = pass 1)
     per_step: jax.Array  # [batch, max_new_tokens] tokens committed by each verification step (0 after the last)
 
 
@@ -94,6 +99,11 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, multiple: int
 
 def _is_stop(tokens, stop_ids):
     return jnp.any(tokens[..., None] == stop_ids, axis=-1)
+
+
+def adjacent_repeats(block):
+    """block: [batch, n] -> [batch]: positions 2..n whose token equals the previous one."""
+    return jnp.sum(block[:, 1:] == block[:, :-1], axis=1)
 
 
 def _row(x, index):
@@ -160,7 +170,8 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
     done = _is_stop(first, stop_ids) | (max_new <= 1)
     stats = DecodeStats(steps=jnp.zeros((batch,), jnp.int32), committed=jnp.zeros((batch,), jnp.int32),
                         accepted_at=jnp.zeros((batch, n), jnp.int32), iterations=jnp.zeros((batch,), jnp.int32),
-                        draft_repeats=jnp.zeros((batch,), jnp.int32),
+                        draft_repeats=jnp.zeros((batch,), jnp.int32), drafter_repeats=jnp.zeros((batch,), jnp.int32),
+                        prefix_kept=jnp.zeros((batch,), jnp.int32), empty_prefix=jnp.zeros((batch,), jnp.int32),
                         per_step=jnp.zeros((batch, max_new), jnp.int32))
     slots = jnp.arange(block, dtype=jnp.int32)
 
@@ -170,33 +181,36 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
 
     def draft_and_verify(tcache, ctx, last, k_noise, k_accept):
         """-> the drafted block [batch, n], acc, the target's next token, the target's output over the
-        kept block (cache and taps as if only that block had been run) and Jacobi iterations."""
+        kept block (cache and taps as if only that block had been run), Jacobi iterations, the
+        drafter's one-pass block [batch, n] and the verified branch's kept prefix length [batch]."""
         if loop:
             d = loop_draft(target, drafter, ctx, last, opts.settings, head=head)
             branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens, key=k_accept,
                                                        temperature=temperature, greedy=opts.greedy, tap_layers=taps)
-            return _row(d.tokens, branch), acc, nxt, verify, d.iterations
+            return _row(d.tokens, branch), acc, nxt, verify, d.iterations, d.one_pass, _row(d.prefix_len, branch)
         iterations = jnp.zeros((batch,), jnp.int32)
+        no_prefix = jnp.zeros((batch,), jnp.int32)
         if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
             s, h = draft_block(target, drafter, ctx, last)  # [batch, n, vocab], [batch, n, hidden]
             noise = None if opts.greedy else gumbel_noise(k_noise, s.shape)
             res = refine_block(head_name, head, s, h, last, target.embed, settings=opts.settings,
                                noise=noise, temperature=temperature)
             draft, draft_logits, iterations = res.tokens, res.logits, res.iterations
+            one_pass = jnp.argmax(s, axis=-1).astype(jnp.int32)
         else:
-            draft = jnp.zeros((batch, 0), jnp.int32)
+            draft = one_pass = jnp.zeros((batch, 0), jnp.int32)
             draft_logits = jnp.zeros((batch, 0, target.cfg.vocab_size), jnp.float32)
         verify = verify_block(target, tcache, last, draft, taps)
         if opts.greedy:
             acc, nxt = greedy_accept(draft, verify.logits)
         else:
             acc, nxt = speculative_accept(k_accept, draft, draft_logits, verify.logits, temperature)
-        return draft, acc, nxt, verify, iterations
+        return draft, acc, nxt, verify, iterations, one_pass, no_prefix
 
     def step(carry):
         tcache, ctx, last, buf, n_out, done, key, stats = carry
         key, k_noise, k_accept = jax.random.split(key, 3)
-        draft, acc, nxt, verify, iterations = draft_and_verify(tcache, ctx, last, k_noise, k_accept)
+        draft, acc, nxt, verify, iterations, one_pass, prefix = draft_and_verify(tcache, ctx, last, k_noise, k_accept)
 
         # the step's new tokens: accepted drafts, then the target's token (slots past acc unused)
         new = jnp.where(slots[None, :] < acc[:, None], jnp.pad(draft, ((0, 0), (0, 1))), nxt[:, None])
@@ -221,7 +235,10 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
             steps=stats.steps + counted, committed=stats.committed + produced,
             accepted_at=stats.accepted_at + counted[:, None] * (acc[:, None] > jnp.arange(n)[None, :]),
             iterations=stats.iterations + counted * iterations,
-            draft_repeats=stats.draft_repeats + counted * jnp.sum(draft[:, 1:] == draft[:, :-1], axis=1),
+            draft_repeats=stats.draft_repeats + counted * adjacent_repeats(draft),
+            drafter_repeats=stats.drafter_repeats + counted * adjacent_repeats(one_pass),
+            prefix_kept=stats.prefix_kept + counted * prefix,
+            empty_prefix=stats.empty_prefix + (counted * (prefix == 0) if loop else 0),
             per_step=stats.per_step.at[rows, trace_at].set(
                 jnp.where(active, produced, stats.per_step[rows, trace_at])))  # one slot, not the row
         return tcache, ctx, last, buf, n_out, done, key, stats
