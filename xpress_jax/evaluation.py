@@ -166,6 +166,15 @@ def compare_to_reference(rows: dict) -> None:
                 pp["committed"], pp["steps"], r0["committed"], r0["steps"])}
 
 
+def repetition_cell(r: dict) -> str:
+    """A method's repetition with its drafter's one-pass block's in brackets ("0.531 (0.692)"); "-"
+    for target-only rows, and no bracket for reports made before it was measured."""
+    if r.get("repetition_rate") is None:
+        return "-"
+    own = f"{r['repetition_rate']:.3f}"
+    return own if r.get("drafter_repetition_rate") is None else f"{own} ({r['drafter_repetition_rate']:.3f})"
+
+
 def markdown(results: dict) -> str:
     lines = ["| dataset | method | tau | tau (per-prompt mean) | repetition (drafter's block) | tokens/s | speedup "
              "| lossless |",
@@ -173,10 +182,7 @@ def markdown(results: dict) -> str:
     for ds, rows in results.items():
         for label, r in rows.items():
             lossless = {True: "yes", False: "NO", None: "-"}[r.get("lossless")]
-            rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
-            if r.get("drafter_repetition_rate") is not None:
-                rep += f" ({r['drafter_repetition_rate']:.3f})"
-            lines.append(f"| {ds} | {label} | {r['tau']:.3f} | {r['tau_per_prompt_mean']:.3f} | {rep} | "
+            lines.append(f"| {ds} | {label} | {r['tau']:.3f} | {r['tau_per_prompt_mean']:.3f} | {repetition_cell(r)} | "
                          f"{r['tokens_per_s']:.1f} | {r['speedup'] if r['speedup'] is not None else '-'} | {lossless} |")
     compared = [(ds, label, r["tau_vs_reference"]) for ds, rows in results.items() for label, r in rows.items()
                 if "tau_vs_reference" in r]

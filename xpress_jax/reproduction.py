@@ -222,18 +222,16 @@ def table(results: dict) -> str:
     """Per temperature and dataset: every method's tau, per-prompt tau, its tau against DFlash's with
     the 95% paired-bootstrap interval over prompts, repetition (and, in brackets, that of the drafter's
     own one-pass block at the same steps), speedup, and D-Loop's kept prefixes."""
+    from xpress_jax.evaluation import repetition_cell
     lines = []
     for name, report in results["eval"].items():
         lines += [f"\n### {name.replace('T', 'temperature ')}\n",
                   "| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) | repetition (drafter's block) "
-                  "| tokens/s "
-                  "| speedup |",
+                  "| tokens/s | speedup |",
                   "|---|---|---|---|---|---|---|---|"]
         for ds, rows in report["results"].items():
             for label, r in rows.items():
-                rep = "-" if r.get("repetition_rate") is None else f"{r['repetition_rate']:.3f}"
-                if r.get("drafter_repetition_rate") is not None:  # absent from older reports
-                    rep += f" ({r['drafter_repetition_rate']:.3f})"
+                rep = repetition_cell(r)
                 c = r.get("tau_vs_reference")  # absent from reports made before it existed
                 vs = f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
                 lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {vs} | {rep} | "
