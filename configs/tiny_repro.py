@@ -39,8 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
         "regen_batch_size": 64, "regen_max_new_tokens": 192,
         # the DFlash drafter alone; 720 steps gave +15-32% tau over 240 (README, "The drafter's budget")
         "drafter_steps": 720,
-        "head_steps": 100,  # each run from dflash/ (XPress co-adapted, XPress frozen, Markov, GRU, D-Loop)
-        # and dloop+xpress (its refiner on the frozen D-Loop drafter)
+        # each run from dflash/ (dflash.more, the same-budget reference; XPress co-adapted, XPress
+        # frozen, Markov, GRU, D-Loop) and dloop+xpress (its refiner on the frozen D-Loop drafter)
+        "head_steps": 100,
         "temperatures": (0.0, 1.0),
     })
     return config

@@ -12,7 +12,7 @@ from cli_helpers import ROOT, run
 from xpress_jax.methods import HEAD_OF
 
 SMOKE = os.path.join(ROOT, "configs", "tiny_repro_smoke.py")
-STAGES = ("dflash", "xpress", "xpress.frozen", "markov", "gru", "dloop", "dloop+xpress")  # the trained ones
+STAGES = ("dflash", "dflash.more", "xpress", "xpress.frozen", "markov", "gru", "dloop", "dloop+xpress")  # the trained ones
 LABELS = STAGES + ("dloop.K2", "dloop+xpress.K2")  # the evaluated methods (dloop_branches = 1, 2)
 
 
@@ -58,6 +58,14 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
     assert t1["settings"]["temperature"] == 1.0 and set(t1["results"]["gsm8k"]) == {"target", *LABELS}
     results = json.loads((out / "results.json").read_text())
     assert set(results["stage_seconds"]) == {"target", "regen", *STAGES, "eval"}
+    # every method against the drafter trained as many more steps (dflash.more/), paired over prompts
+    for name, report in (("T0", t0), ("T1", t1)):
+        rows, same_budget = report["results"]["gsm8k"], results["tau_vs_same_budget"][name]["gsm8k"]
+        assert set(same_budget) == set(LABELS) - {"dflash.more"}
+        for label, c in same_budget.items():
+            assert c["ratio"] == pytest.approx(rows[label]["tau"] / rows["dflash.more"]["tau"], abs=1e-3)
+            assert 0 < c["ci95"][0] <= c["ci95"][1]
+    assert "| tau / dflash (95%) | tau / dflash.more (95%) |" in (out / "table.md").read_text()
     assert t0["results"]["gsm8k"]["dloop.K2"]["branches"] == 2
     assert "| gsm8k | xpress |" in (out / "table.md").read_text() and "| gsm8k | xpress |" in r.stdout
     assert "gsm8k dloop: the verified branch kept" in (out / "table.md").read_text()  # D-Loop's prefixes
@@ -236,6 +244,12 @@ def test_a_cached_stage_is_reused_only_while_its_settings_and_inputs_match(tmp_p
     reproduction.reproduce(config, run_dir, ["dflash"])
     with pytest.raises(InputError, match=r"markov is finished but it was built on an earlier dflash/"):
         reproduction.reproduce(config, run_dir, first)
+    # a stage the pipeline gained after the eval ran (a new method) makes that eval stale
+    shutil.rmtree(os.path.join(run_dir, "markov"))
+    reproduction.reproduce(config, run_dir, ["markov"])
+    monkeypatch.setitem(reproduction.NEEDS, "markov", reproduction.NEEDS["markov"] + ("gru",))
+    with pytest.raises(InputError, match=r"markov is finished but it was made without gru/"):
+        reproduction.reproduce(config, run_dir, ["markov"])
 
 
 def test_a_resumed_stage_reports_the_wall_time_of_all_its_runs(tmp_path, monkeypatch):

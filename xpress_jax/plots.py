@@ -41,18 +41,25 @@ def acceptance_per_position(results: dict, path: str) -> None:
 
 
 def tau_against_k(sweep: dict, reference: dict, path: str) -> None:
-    """tau of each XPress method against Jacobi iterations K, with the other methods as flat lines."""
+    """tau of each XPress method against Jacobi iterations K, with the other methods as flat lines,
+    and one legend for all panels beside them (a dozen lines would hide a panel's own)."""
     datasets = list(sweep)
     fig, axes = _panels(len(datasets), 5, 3.6)
     for ax, ds in zip(axes, datasets):
+        labels = list(sweep[ds]) + list(reference.get(ds, {}))
+        colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors  # one color per method
         for label, by_k in sweep[ds].items():  # one line per XPress method
             ks = sorted(int(k) for k in by_k)
-            ax.plot(ks, [by_k[str(k)] for k in ks], marker="o", label=label)
+            ax.plot(ks, [by_k[str(k)] for k in ks], marker="o", label=label, color=colors[labels.index(label)])
         for head, tau in reference.get(ds, {}).items():
-            ax.axhline(tau, ls="--", lw=1, label=head, color=f"C{len(sweep[ds]) + list(reference[ds]).index(head)}")
+            ax.axhline(tau, ls="--", lw=1, label=head, color=colors[labels.index(head)])
         ax.set(title=ds, xlabel="Jacobi iterations K", ylabel="tau (acceptance length)")
-        _finish(ax)
-    _save(fig, path)
+        _finish(ax, legend=False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
 
 def latency_against_k(heads_result: dict, path: str) -> None:

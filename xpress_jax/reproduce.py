@@ -8,6 +8,8 @@ Stages (one subdirectory of OUT each, done when it holds DONE.json):
   target/         pretrain the Qwen3 target (HF directory with its BPE tokenizer)
   regen/          the target's greedy answers to training questions (the drafters' data)
   dflash/         the DFlash drafter alone
+  dflash.more/    the dflash/ drafter trained head_steps more with its own objective: the
+                  same-budget reference for every stage below (the table's "tau / dflash.more")
   xpress/         drafter (from dflash/) + XPress refiner trained together: the co-adapted drafter
   xpress.frozen/  the XPress refiner on the frozen dflash/ drafter
   markov/, gru/   the serial baselines on the frozen dflash/ drafter, same budget

@@ -20,6 +20,9 @@ from xpress_jax import cli, files
 # starts from (its export) and loss overrides
 TRAIN_STAGES = {
     "dflash": dict(steps="drafter_steps", trainable="drafter", heads=(), init=None, loss={}),
+    # the same-budget reference: the DFlash drafter trained head_steps more with its own objective,
+    # as many steps on the same data as every stage below spends after dflash/
+    "dflash.more": dict(steps="head_steps", trainable="drafter", heads=(), init="dflash", loss={}),
     "xpress": dict(steps="head_steps", trainable="all", heads=("xpress",), init="dflash", loss={}),
     "xpress.frozen": dict(steps="head_steps", trainable="heads", heads=("xpress",), init="dflash", loss={}),
     "markov": dict(steps="head_steps", trainable="heads", heads=("markov",), init="dflash", loss={}),
@@ -85,9 +88,13 @@ def stale_reason(config, run: str, stage: str) -> str | None:
     if changed:
         shown = ", ".join(f"{k}={done['settings'].get(k)!r} (now {now.get(k)!r})" for k in changed[:4])
         return f"it was made with {shown}"
-    for need, digest in done.get("inputs", {}).items():
+    inputs = done.get("inputs", {})
+    for need, digest in inputs.items():
         if not is_done(run, need) or _done_digest(run, need) != digest:
             return f"it was built on an earlier {need}/"
+    new = [need for need in NEEDS[stage] if need not in inputs]  # a stage added since (eval: a method)
+    if new:
+        return f"it was made without {', '.join(n + '/' for n in new)}"
     return None
 
 
@@ -215,7 +222,27 @@ def gather(run: str) -> dict:
                                                            "jax": jax.__version__},
             "stage_seconds": {s: v["seconds"] for s, v in stages.items()},
             "total_seconds": round(sum(v["seconds"] for v in stages.values()), 1),
-            "target": target_report, "eval": evals}
+            "target": target_report, "eval": evals,
+            "tau_vs_same_budget": {name: same_budget_ratios(report) for name, report in evals.items()}}
+
+
+SAME_BUDGET = "dflash.more"
+
+
+def same_budget_ratios(report: dict) -> dict:
+    """{dataset: {method: tau / tau(dflash.more) with its 95% paired interval}}: each method against
+    the DFlash drafter trained as many more steps as the method's own stage (empty before that
+    stage existed, or in reports without per-prompt figures)."""
+    from xpress_jax.significance import paired_tau_ratio
+    out = {}
+    for ds, rows in report["results"].items():
+        ref = rows.get(SAME_BUDGET, {}).get("per_prompt")
+        if ref is None:
+            continue
+        out[ds] = {label: paired_tau_ratio(r["per_prompt"]["committed"], r["per_prompt"]["steps"],
+                                           ref["committed"], ref["steps"])
+                   for label, r in rows.items() if label not in ("target", SAME_BUDGET) and "per_prompt" in r}
+    return out
 
 
 def table(results: dict) -> str:
@@ -223,19 +250,26 @@ def table(results: dict) -> str:
     the 95% paired-bootstrap interval over prompts, repetition (and, in brackets, that of the drafter's
     own one-pass block at the same steps), speedup, and D-Loop's kept prefixes."""
     from xpress_jax.evaluation import repetition_cell
+
+    def ratio_cell(c):
+        return f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
+
     lines = []
     for name, report in results["eval"].items():
+        same_budget = results.get("tau_vs_same_budget", {}).get(name, {})
+        budget_column = f" tau / {SAME_BUDGET} (95%) |" if same_budget else ""
         lines += [f"\n### {name.replace('T', 'temperature ')}\n",
-                  "| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) | repetition (drafter's block) "
-                  "| tokens/s | speedup |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  f"| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) |{budget_column} "
+                  "repetition (drafter's block) | tokens/s | speedup |",
+                  "|---|---|---|---|---|" + "---|" * bool(same_budget) + "---|---|---|"]
         for ds, rows in report["results"].items():
             for label, r in rows.items():
-                rep = repetition_cell(r)
-                c = r.get("tau_vs_reference")  # absent from reports made before it existed
-                vs = f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
-                lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {vs} | {rep} | "
-                             f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
+                # tau_vs_reference is absent from reports made before it existed
+                vs = ratio_cell(r.get("tau_vs_reference"))
+                if same_budget:
+                    vs += f" | {ratio_cell(same_budget.get(ds, {}).get(label))}"
+                lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {vs} | "
+                             f"{repetition_cell(r)} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
         for ds, rows in report["results"].items():
             for label, r in rows.items():
                 c = r.get("candidate")
