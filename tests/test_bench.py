@@ -99,6 +99,26 @@ def test_decode_suite_reports_every_decoder_against_target_only(tmp_path):
     assert "break-even tau: dflash" in r.stdout and "Traceback" not in r.stderr
 
 
+def test_decode_suite_times_other_shapes_and_chosen_variants(tmp_path):
+    """--decode_set overrides the config's shapes (as --config.KEY does), --decode_variants keeps
+    target-only and the named rows; an unknown key or label is a one-line error."""
+    tiny = os.path.join(ROOT, "configs", "tiny.py")
+    common = ("xpress_jax.bench", "--suite=decode", f"--decode_config={tiny}", "--contexts=8", "--batches=1",
+              "--decode_tokens=128", "--reps=1", f"--out={tmp_path}")
+    r = run(*common, "--decode_set=target.arch.num_hidden_layers=3,heads.rank=8", "--decode_variants=markov",
+            timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "decode.json") as f:
+        result = json.load(f)
+    assert result["overrides"] == ["target.arch.num_hidden_layers=3", "heads.rank=8"]
+    assert result["shapes"]["target_layers"] == 3 and result["shapes"]["head_rank"] == 8
+    assert list(result["contexts"]["8"]["1"]) == ["target", "markov"]
+    r = run(*common, "--decode_variants=medusa")
+    assert r.returncode == 2 and "unknown decode variants ['medusa']" in r.stderr and "Traceback" not in r.stderr
+    r = run(*common, "--decode_set=target.arch.num_layers=3")
+    assert r.returncode == 2 and "num_layers" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_decode_suite_refuses_a_run_too_short_to_time(monkeypatch):
     from xpress_jax import cli
     from xpress_jax.bench import decode

@@ -6,7 +6,8 @@ config of the train suite's memory report (default configs/qwen3_8b.py). The e2e
 early stop's latency onto the heads suite's latency-vs-K line: from the same run, or from the
 heads.json an earlier run left in DIR. The decode suite times one decode-loop step of every
 decoder against target-only decoding on random weights at `--decode_config`'s shapes (default
-configs/tiny_repro.py): the tau each must reach to break even on this machine.
+configs/tiny_repro.py, with `--decode_set` overrides): the tau each must reach to break even on
+this machine.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ flags.DEFINE_string("decode_config", cli.config_path("tiny_repro.py"),
                     "decode: the config whose shapes are timed on random weights (configs/qwen3_8b.py on an accelerator).")
 flags.DEFINE_list("contexts", ["128", "1024"], "decode: prompt lengths (committed tokens) the steps are timed at.")
 flags.DEFINE_integer("decode_tokens", 128, "decode: tokens generated per timed run.")
+flags.DEFINE_list("decode_set", [], "decode: overrides of --decode_config's fields, as --config.KEY=VALUE takes them, "
+                  "e.g. target.arch.num_hidden_layers=24 (unknown keys are errors): other shapes, no new config file.")
+flags.DEFINE_list("decode_variants", [], "decode: time only these labels (target-only is always timed); default all.")
 flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.")
 flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.")
 FLAGS = flags.FLAGS
@@ -92,9 +96,11 @@ def run_e2e(out: str, heads_result: dict | None) -> dict:
 def run_decode(out: str) -> dict:
     from xpress_jax import plots
     from xpress_jax.bench import decode
-    result = decode.suite(cli.load_config(FLAGS.decode_config), contexts=[int(c) for c in FLAGS.contexts],
-                          batches=[int(b) for b in FLAGS.batches], new_tokens=FLAGS.decode_tokens, reps=FLAGS.reps)
-    result = {"config": FLAGS.decode_config, **result}
+    config = cli.parse_config(FLAGS.decode_config, [f"--config.{kv}" for kv in FLAGS.decode_set])
+    result = decode.suite(config, contexts=[int(c) for c in FLAGS.contexts], batches=[int(b) for b in FLAGS.batches],
+                          new_tokens=FLAGS.decode_tokens, reps=FLAGS.reps,
+                          variants=decode.chosen_variants(FLAGS.decode_variants))
+    result = {"config": FLAGS.decode_config, "overrides": list(FLAGS.decode_set), **result}
     plots.break_even_tau(result, os.path.join(out, "decode-break_even_tau.png"))
     for context, by_batch in result["contexts"].items():
         for batch, rows in by_batch.items():

@@ -37,6 +37,16 @@ VARIANTS = (
 )
 
 
+def chosen_variants(labels) -> tuple:
+    """The VARIANTS named in `labels` (all when empty), target-only first: every break-even tau is
+    against it."""
+    known = [label for label, _, _ in VARIANTS]
+    unknown = sorted(set(labels) - set(known))
+    if unknown:
+        raise InputError(f"unknown decode variants {unknown}; choose from {', '.join(known)}")
+    return tuple(v for v in VARIANTS if not labels or v[0] in labels or v[0] == "target")
+
+
 def _fastest_seconds(fn, reps: int):
     """(fastest wall seconds of reps calls after a warm-up call that compiles, the last result)."""
     out = fn()
