@@ -244,7 +244,7 @@ def test_a_cached_stage_is_reused_only_while_its_settings_and_inputs_match(tmp_p
     reproduction.reproduce(config, run_dir, ["dflash"])
     with pytest.raises(InputError, match=r"markov is finished but it was built on an earlier dflash/"):
         reproduction.reproduce(config, run_dir, first)
-    # a stage the pipeline gained after the eval ran (a new method) makes that eval stale
+    # a stage that gained a need after it ran is stale (as eval is, once the pipeline gains a method's stage)
     shutil.rmtree(os.path.join(run_dir, "markov"))
     reproduction.reproduce(config, run_dir, ["markov"])
     monkeypatch.setitem(reproduction.NEEDS, "markov", reproduction.NEEDS["markov"] + ("gru",))

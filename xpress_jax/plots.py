@@ -47,7 +47,8 @@ def tau_against_k(sweep: dict, reference: dict, path: str) -> None:
     fig, axes = _panels(len(datasets), 5, 3.6)
     for ax, ds in zip(axes, datasets):
         labels = list(sweep[ds]) + list(reference.get(ds, {}))
-        colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors  # one color per method
+        palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors  # one color per method
+        colors = [palette[i % len(palette)] for i in range(len(labels))]
         for label, by_k in sweep[ds].items():  # one line per XPress method
             ks = sorted(int(k) for k in by_k)
             ax.plot(ks, [by_k[str(k)] for k in ks], marker="o", label=label, color=colors[labels.index(label)])
