@@ -22,7 +22,7 @@ from absl import flags
 
 from xpress_jax import cli, files
 from xpress_jax.errors import InputError
-from xpress_jax.significance import paired_tau_ratio
+from xpress_jax.evaluation import tau_ratio
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("method", None, "REPORT:LABEL (or REPORT:T0:LABEL for a reproduction's results.json).")
@@ -80,8 +80,7 @@ def compare(method: tuple[dict, str], reference: tuple[dict, str]) -> dict:
         if lengths[0] != lengths[1]:
             raise InputError(f"{ds}: target-only decoding gave different answer lengths in the two reports "
                              f"({lengths[0]} against {lengths[1]}): not the same target or prompts")
-        a, b = rows[label]["per_prompt"], ref_rows[ref_label]["per_prompt"]
-        out[ds] = {**paired_tau_ratio(a["committed"], a["steps"], b["committed"], b["steps"]),
+        out[ds] = {**tau_ratio(rows[label], ref_rows[ref_label]),
                    "tau": rows[label]["tau"], "tau_reference": ref_rows[ref_label]["tau"]}
     return out
 

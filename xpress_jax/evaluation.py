@@ -151,6 +151,18 @@ def summarise(tokens, stats, seconds, baseline_tps, block_size: int | None = Non
     }
 
 
+def tau_ratio(row: dict, ref_row: dict) -> dict:
+    """tau(row) / tau(ref_row) with its 95% paired-bootstrap interval over the rows' prompts."""
+    a, b = row["per_prompt"], ref_row["per_prompt"]
+    return paired_tau_ratio(a["committed"], a["steps"], b["committed"], b["steps"])
+
+
+def ratios_against(rows: dict, ref: str) -> dict:
+    """{method: tau_ratio against rows[ref]} for every method of one dataset with per-prompt figures."""
+    return {label: tau_ratio(r, rows[ref]) for label, r in rows.items()
+            if label not in ("target", ref) and "per_prompt" in r}
+
+
 def compare_to_reference(rows: dict) -> None:
     """Adds `tau_vs_reference` to every method of one dataset: its tau over the reference's (dflash
     where measured, else the first method) with a 95% paired-bootstrap interval over prompts."""
@@ -158,12 +170,8 @@ def compare_to_reference(rows: dict) -> None:
     if len(methods) < 2:
         return
     ref = "dflash" if "dflash" in rows else methods[0]
-    r0 = rows[ref]["per_prompt"]
-    for label in methods:
-        if label != ref:
-            pp = rows[label]["per_prompt"]
-            rows[label]["tau_vs_reference"] = {"reference": ref, **paired_tau_ratio(
-                pp["committed"], pp["steps"], r0["committed"], r0["steps"])}
+    for label, ratio in ratios_against(rows, ref).items():
+        rows[label]["tau_vs_reference"] = {"reference": ref, **ratio}
 
 
 def repetition_cell(r: dict) -> str:

@@ -233,16 +233,9 @@ def same_budget_ratios(report: dict) -> dict:
     """{dataset: {method: tau / tau(dflash.more) with its 95% paired interval}}: each method against
     the DFlash drafter trained as many more steps as the method's own stage (empty before that
     stage existed, or in reports without per-prompt figures)."""
-    from xpress_jax.significance import paired_tau_ratio
-    out = {}
-    for ds, rows in report["results"].items():
-        ref = rows.get(SAME_BUDGET, {}).get("per_prompt")
-        if ref is None:
-            continue
-        out[ds] = {label: paired_tau_ratio(r["per_prompt"]["committed"], r["per_prompt"]["steps"],
-                                           ref["committed"], ref["steps"])
-                   for label, r in rows.items() if label not in ("target", SAME_BUDGET) and "per_prompt" in r}
-    return out
+    from xpress_jax.evaluation import ratios_against
+    return {ds: ratios_against(rows, SAME_BUDGET) for ds, rows in report["results"].items()
+            if "per_prompt" in rows.get(SAME_BUDGET, {})}
 
 
 def table(results: dict) -> str:
