@@ -186,11 +186,10 @@ class Qwen3(nnx.Module):
 
     def logits(self, h: jax.Array) -> jax.Array:
         """h: [batch, seq, hidden] (already normed) -> [batch, seq, vocab] float32."""
-        if self.cfg.tie_word_embeddings:
-            w = self.embed_tokens[...].T
-        else:
-            w = self.lm_head[...]
-        return jnp.einsum("bsh,hv->bsv", h, w.astype(self.dtype), preferred_element_type=jnp.float32)
+        if self.cfg.tie_word_embeddings:  # contract with the embedding as stored: `.T` was copied every step
+            return jnp.einsum("bsh,vh->bsv", h, self.embed_tokens[...].astype(self.dtype),
+                              preferred_element_type=jnp.float32)
+        return jnp.einsum("bsh,hv->bsv", h, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  cache: KVCache | None = None, num_new: jax.Array | None = None,
