@@ -76,8 +76,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     kv_heads = k.shape[1]
     group = heads // kv_heads
     rows = group * q_len
-    q = jnp.swapaxes(q.reshape(batch, q_len, kv_heads, group, head_dim), 1, 3)  # [batch, group, kv_heads, q_len, d]
-    q = jnp.swapaxes(q, 1, 2).reshape(batch, kv_heads, rows, head_dim)  # row = g * q_len + t
+    # [batch, kv_heads, group, q_len, head_dim]
+    q = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    q = q.reshape(batch, kv_heads, rows, head_dim)  # row = g * q_len + t
     scores = jnp.einsum("bkrd,bksd->bkrs", q, k, preferred_element_type=jnp.float32)
     scores = scores * (head_dim**-0.5)  # [batch, kv_heads, group * q_len, kv_len]
     row_mask = jnp.broadcast_to(mask[:, None], (batch, group) + mask.shape[1:]).reshape(batch, 1, rows, -1)
