@@ -22,5 +22,5 @@ def get_config():
                        time_split=False, max_prompt_tokens=512, candidate_k=4,
                        dloop_branches=(1, 2))
     config.reproduce.update(regen_records=16, regen_batch_size=8, regen_max_new_tokens=48, drafter_steps=4,
-                            head_steps=2)
+                            head_steps=2, speed_verify_tokens=2)
     return config

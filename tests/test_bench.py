@@ -106,15 +106,19 @@ def test_decode_suite_times_other_shapes_and_chosen_variants(tmp_path):
     common = ("xpress_jax.bench", "--suite=decode", f"--decode_config={tiny}", "--contexts=8", "--batches=1",
               "--decode_tokens=128", "--reps=1", f"--out={tmp_path}")
     r = run(*common, "--decode_set=target.arch.num_hidden_layers=3,heads.rank=8", "--decode_variants=markov",
-            timeout=900)
+            "--verify_tokens=0,2", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     with open(tmp_path / "decode.json") as f:
         result = json.load(f)
     assert result["overrides"] == ["target.arch.num_hidden_layers=3", "heads.rank=8"]
     assert result["shapes"]["target_layers"] == 3 and result["shapes"]["head_rank"] == 8
-    assert list(result["contexts"]["8"]["1"]) == ["target", "markov"]
+    rows = result["contexts"]["8"]["1"]
+    assert list(rows) == ["target", "markov", "markov_v2"]  # each drafter variant at each verify length
+    assert rows["markov_v2"]["tokens_per_step"] <= 3 and rows["markov_v2"]["break_even_tau"] > 0
     r = run(*common, "--decode_variants=medusa")
     assert r.returncode == 2 and "unknown decode variants ['medusa']" in r.stderr and "Traceback" not in r.stderr
+    r = run(*common, "--decode_variants=dflash", "--verify_tokens=40")
+    assert r.returncode == 2 and "verify_tokens 40 is outside" in r.stderr and "Traceback" not in r.stderr
     r = run(*common, "--decode_set=target.arch.num_layers=3")
     assert r.returncode == 2 and "num_layers" in r.stderr and "Traceback" not in r.stderr
 

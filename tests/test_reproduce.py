@@ -56,8 +56,19 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
         assert cand["blocks"] > 0 and 0 <= cand["token_agreement"] <= 1 and cand["tau"] >= 1
     t1 = json.loads((out / "eval" / "T1" / "results.json").read_text())
     assert t1["settings"]["temperature"] == 1.0 and set(t1["results"]["gsm8k"]) == {"target", *LABELS}
+    # the speed passes: the target verifies each block's first 2 drafts, still lossless
+    for name in ("T0_v2", "T1_v2"):
+        report = json.loads((out / "eval" / name / "results.json").read_text())
+        assert report["settings"]["verify_tokens"] == 2 and not report["jacobi_sweep"]
+        assert set(report["results"]["gsm8k"]) == {"target", *LABELS}
+        for label in LABELS:
+            row = report["results"]["gsm8k"][label]
+            assert row["lossless"] is (True if name == "T0_v2" else None)
+            assert 1 <= row["tau"] <= 3 and not any(row["accept_per_position"][2:])
+    assert "### temperature 0, the target verifying the first 2 drafts of each block" in (out / "table.md").read_text()
     results = json.loads((out / "results.json").read_text())
     assert set(results["stage_seconds"]) == {"target", "regen", *STAGES, "eval"}
+    assert set(results["eval"]) == {"T0", "T1", "T0_v2", "T1_v2"}
     # every method against the drafter trained as many more steps (dflash.more/), paired over prompts
     for name, report in (("T0", t0), ("T1", t1)):
         rows, same_budget = report["results"]["gsm8k"], results["tau_vs_same_budget"][name]["gsm8k"]
@@ -81,7 +92,7 @@ def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("done already") == len(STAGES) + 3 and "running" not in r.stderr
     names = {"results.json", "table.md", "target_pretrain.json", "T0_results.md", "T1_results.md",
-             "T0_acceptance.png", "T0_tau_vs_k.png", "T1_acceptance.png"}
+             "T0_acceptance.png", "T0_tau_vs_k.png", "T1_acceptance.png", "T0_v2_results.md"}
     assert names <= set(os.listdir(published))
     assert (published / "T0_results.md").read_text() == (out / "eval" / "T0" / "results.md").read_text()
     assert json.loads((published / "target_pretrain.json").read_text())["val_loss"] > 0

@@ -80,6 +80,7 @@ def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.
         "time_split": True,  # per-component timings (separately compiled calls)
         "candidate_k": 0,  # > 0: also measure XPress candidate mode (top-k) against the exact refiner
         "dloop_branches": (1,),  # D-Loop's K: each dloop method is measured at each (label.K4 for K = 4)
+        "verify_tokens": 0,  # draft tokens the target verifies per step, the block's first ones (0: all B-1)
         **(evaluation or {})})
     # training the target itself (python -m xpress_jax.pretrain): the tiny reproduction's target
     config.pretrain = ml_collections.ConfigDict({

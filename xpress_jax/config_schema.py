@@ -134,6 +134,7 @@ RULES: dict[str, Rule] = {
     "eval.heads": sequence(one_of(*DECODER_NAMES), unique=True, what=f"decoders from {', '.join(DECODER_NAMES)}"),
     "eval.num_prompts": _pos_int, "eval.max_new_tokens": _pos_int, "eval.temperature": number(0.0),
     "eval.batch_size": _pos_int, "eval.seed": _nonneg_int, "eval.max_iters": _pos_int, "eval.early_stop": boolean,
+    "eval.verify_tokens": _nonneg_int,
     "eval.top_k": _nonneg_int, "eval.jacobi_k": sequence(_pos_int, what="iteration counts >= 1"),
     "eval.out_dir": text(nonempty=True), "eval.max_prompt_tokens": _pos_int, "eval.time_split": boolean,
     "eval.candidate_k": _nonneg_int,
@@ -150,6 +151,7 @@ RULES: dict[str, Rule] = {
     "reproduce.regen_batch_size": _pos_int, "reproduce.regen_max_new_tokens": _pos_int,
     "reproduce.drafter_steps": _pos_int, "reproduce.head_steps": _pos_int,
     "reproduce.temperatures": sequence(number(0.0), nonempty=True, what="temperatures >= 0"),
+    "reproduce.speed_verify_tokens": _nonneg_int,
 }
 
 

@@ -123,12 +123,14 @@ def loop_summary(stats, steps: int) -> dict:
             "empty_prefix_share": round(float(stats["empty_prefix"].sum()) / steps, 4)}
 
 
-def summarise(tokens, stats, seconds, baseline_tps, block_size: int | None = None, loop: bool = False) -> dict:
+def summarise(tokens, stats, seconds, baseline_tps, drafted: int | None = None, loop: bool = False) -> dict:
+    """One method's row; `drafted` is the draft positions per step that were verified (and whose
+    repetition is counted): B-1, or eval.verify_tokens."""
     new = sum(len(t) for t in tokens)
     steps = int(stats["steps"].sum())
     tps = new / seconds if seconds else float("nan")
     per_prompt = stats["committed"] / np.maximum(stats["steps"], 1)
-    drafted_pairs = steps * (block_size - 2) if block_size and block_size > 2 else 0
+    drafted_pairs = steps * (drafted - 1) if drafted and drafted > 1 else 0
     return {
         # mean over all verification steps of all prompts (tokens committed per target pass)
         "tau": float(stats["committed"].sum() / steps) if steps else float("nan"),
@@ -235,7 +237,8 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
         for m in methods:
             spec = models[m.label]
             tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, e, pad, f"{ds}/{m.label}", m.branches)
-            r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], spec.drafter.cfg.block_size,
+            r = summarise(tokens, stats, seconds, baseline["tokens_per_s"],
+                          e["verify_tokens"] or spec.drafter.cfg.block_size - 1,
                           loop=DECODERS[m.decoder].loop)
             r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
             if DECODERS[m.decoder].loop:

@@ -21,6 +21,7 @@ SERIAL, JACOBI = "serial", "jacobi"
 # decoder knobs (decoding/settings.py): which decoders read which
 XPRESS_KNOBS = ("max_iters", "early_stop", "top_k")
 LOOP_KNOBS = ("branches",)
+DRAFT_KNOBS = ("verify_tokens",)  # every decoder with a drafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,8 @@ class DecoderSpec:
     def knobs(self) -> tuple[str, ...]:
         """The DecodeSettings fields this decoder reads; any other knob it would ignore."""
         jacobi = self.head is not None and HEADS[self.head].decode == JACOBI
-        return (XPRESS_KNOBS if jacobi else ()) + (LOOP_KNOBS if self.loop else ())
+        return ((DRAFT_KNOBS if self.drafter else ()) + (XPRESS_KNOBS if jacobi else ())
+                + (LOOP_KNOBS if self.loop else ()))
 
 
 DECODERS: dict[str, DecoderSpec] = {

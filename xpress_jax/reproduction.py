@@ -44,7 +44,7 @@ _NOT_RESULTS = {"out_dir", "save_every", "log_every", "keep", "async_checkpointi
                 "time_split"}
 _STAGE_FIELDS = {"target": ("seed", "target.arch", "pretrain", "drafter.mask_token_id"),
                  "regen": ("reproduce.regen_records", "reproduce.regen_max_new_tokens", "data.max_len"),
-                 "eval": ("eval", "reproduce.temperatures")}
+                 "eval": ("eval", "reproduce.temperatures", "reproduce.speed_verify_tokens")}
 
 
 def stage_settings(config, stage: str) -> dict:
@@ -184,18 +184,35 @@ def trained_methods(run: str, dloop_branches=(1,)):
                           for label in TRAIN_STAGES], dloop_branches)
 
 
+def eval_passes(config) -> list[tuple[str, dict]]:
+    """(name, eval settings) of each eval pass: every temperature with whole blocks verified (the
+    papers' tau), then, with reproduce.speed_verify_tokens = m > 0, every temperature again with
+    the target verifying each block's first m drafts (`T0_v4`), for wall-clock speed only (no K
+    sweep or candidate mode)."""
+    m = int(config.reproduce.speed_verify_tokens)
+    passes = []
+    for verify_tokens in (0, m) if m else (0,):
+        for temperature in config.reproduce.temperatures:
+            name = f"T{temperature:g}" + (f"_v{verify_tokens}" if verify_tokens else "")
+            e = {**config.eval.to_dict(), "temperature": float(temperature), "verify_tokens": verify_tokens,
+                 "out_dir": os.path.join("eval", name)}
+            if temperature != 0 or verify_tokens:  # the K sweep and candidate mode at T = 0, whole blocks
+                e["jacobi_k"], e["candidate_k"] = (), 0
+            passes.append((name, e))
+    return passes
+
+
 def evaluate_all(config, run: str) -> dict:
     from xpress_jax.evaluation import evaluate
     out = {}
-    for temperature in config.reproduce.temperatures:
-        e = {**config.eval.to_dict(), "temperature": float(temperature),
-             "out_dir": os.path.join(run, "eval", f"T{temperature:g}")}
-        e["jacobi_k"] = tuple(e["jacobi_k"]) if temperature == 0 else ()  # the K sweep at T = 0 only
-        report, failures = evaluate(config, trained_methods(run, e["dloop_branches"]), e, check_lossless=temperature == 0)
+    for name, e in eval_passes(config):
+        e["out_dir"] = os.path.join(run, e["out_dir"])
+        greedy = e["temperature"] == 0
+        report, failures = evaluate(config, trained_methods(run, e["dloop_branches"]), e, check_lossless=greedy)
         if failures:
-            raise RuntimeError(f"{failures} outputs at temperature 0 differ from target-only decoding")
-        out[f"T{temperature:g}"] = report
-    return {"temperatures": list(out)}
+            raise RuntimeError(f"{name}: {failures} outputs at temperature 0 differ from target-only decoding")
+        out[name] = report
+    return {"passes": list(out)}
 
 
 def gather(run: str) -> dict:
@@ -238,6 +255,13 @@ def same_budget_ratios(report: dict) -> dict:
             if "per_prompt" in rows.get(SAME_BUDGET, {})}
 
 
+def pass_title(name: str) -> str:
+    """T0 -> 'temperature 0'; T1_v4 -> 'temperature 1, the target verifying the first 4 drafts of each block'."""
+    temperature, _, verify = name[1:].partition("_v")
+    return f"temperature {temperature}" + (f", the target verifying the first {verify} drafts of each block"
+                                           if verify else "")
+
+
 def table(results: dict) -> str:
     """Per temperature and dataset: every method's tau, per-prompt tau, its tau against DFlash's with
     the 95% paired-bootstrap interval over prompts, repetition (and, in brackets, that of the drafter's
@@ -251,7 +275,7 @@ def table(results: dict) -> str:
     for name, report in results["eval"].items():
         same_budget = results.get("tau_vs_same_budget", {}).get(name, {})
         budget_column = f" tau / {SAME_BUDGET} (95%) |" if same_budget else ""
-        lines += [f"\n### {name.replace('T', 'temperature ')}\n",
+        lines += [f"\n### {pass_title(name)}\n",
                   f"| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) |{budget_column} "
                   "repetition (drafter's block) | tokens/s | speedup |",
                   "|---|---|---|---|---|" + "---|" * bool(same_budget) + "---|---|---|"]

@@ -41,6 +41,8 @@ flags.DEFINE_integer("decode_tokens", 128, "decode: tokens generated per timed r
 flags.DEFINE_list("decode_set", [], "decode: overrides of --decode_config's fields, as --config.KEY=VALUE takes them, "
                   "e.g. target.arch.num_hidden_layers=24 (unknown keys are errors): other shapes, no new config file.")
 flags.DEFINE_list("decode_variants", [], "decode: time only these labels (target-only is always timed); default all.")
+flags.DEFINE_list("verify_tokens", ["0"], "decode: draft tokens the target verifies per step (0: the whole block); "
+                  "each drafter variant is timed at each, labelled LABEL_vM for M > 0.")
 flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.")
 flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.")
 FLAGS = flags.FLAGS
@@ -99,7 +101,8 @@ def run_decode(out: str) -> dict:
     config = cli.parse_config(FLAGS.decode_config, [f"--config.{kv}" for kv in FLAGS.decode_set])
     result = decode.suite(config, contexts=[int(c) for c in FLAGS.contexts], batches=[int(b) for b in FLAGS.batches],
                           new_tokens=FLAGS.decode_tokens, reps=FLAGS.reps,
-                          variants=decode.chosen_variants(FLAGS.decode_variants))
+                          variants=decode.chosen_variants(FLAGS.decode_variants),
+                          verify_tokens=[int(m) for m in FLAGS.verify_tokens])
     result = {"config": FLAGS.decode_config, "overrides": list(FLAGS.decode_set), **result}
     plots.break_even_tau(result, os.path.join(out, "decode-break_even_tau.png"))
     for context, by_batch in result["contexts"].items():

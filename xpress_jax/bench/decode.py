@@ -15,6 +15,7 @@ difference of two timings wants the least disturbed run of each.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -73,10 +74,21 @@ def step_seconds(models, prompts, decoder: str, settings: DecodeSettings, *, new
             "tokens_per_step": float(out.stats["committed"].sum() / out.stats["steps"].sum())}
 
 
+def with_verify_tokens(variants, verify_tokens) -> tuple:
+    """Each drafter variant once per verify length m (settings.verify_tokens; 0: the whole block),
+    labelled LABEL_vM for m > 0: a step's cost against how many drafts the target's pass reads."""
+    out = []
+    for label, decoder, settings in variants:
+        for m in (verify_tokens if decoder != "target" else (0,)):
+            out.append((label if m == 0 else f"{label}_v{m}", decoder, dataclasses.replace(settings, verify_tokens=m)))
+    return tuple(out)
+
+
 def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, reps: int = 3,
-          variants=VARIANTS) -> dict:
+          variants=VARIANTS, verify_tokens=(0,)) -> dict:
     """For each context length (prompt tokens) and batch size: every variant's seconds per step and
-    its break-even tau (its step over target-only decoding's step)."""
+    its break-even tau (its step over target-only decoding's step), each drafter variant at each
+    verify length of `verify_tokens`."""
     from xpress_jax.assemble import build_target, new_drafter, new_head, drafter_config
     from xpress_jax.decoding.speculative import SpecModels
     from xpress_jax.methods import HEAD_OF
@@ -88,6 +100,10 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
                          "target.hf_dir (costs do not depend on the weights)")
     target = build_target(config)
     drafter = new_drafter(config, drafter_config(config, target.cfg))
+    for m in verify_tokens:
+        if not 0 <= m < drafter.cfg.block_size:
+            raise InputError(f"verify_tokens {m} is outside 0..{drafter.cfg.block_size - 1} (block {drafter.cfg.block_size})")
+    variants = with_verify_tokens(variants, verify_tokens)
     heads = {name: new_head(name, config, drafter.cfg) for name in {HEAD_OF[d] for _, d, _ in variants} - {None}}
     rng = np.random.default_rng(config.seed)
     vocab = target.cfg.vocab_size

@@ -41,15 +41,17 @@ def jit_on_state(graphdef, fn):
 def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_new_tokens: int,
                     settings: DecodeSettings = DecodeSettings(), reps: int = 5,
                     pad_multiple: int = 1) -> dict[str, float]:
-    """Seconds per call: prefill (the prompt), draft (one drafter block + base logits), fold (the
-    head's once-per-checkpoint weight fold, which the decode loop does before its first block),
-    refine (the head's per-block solve on folded weights) and verify (one target pass over the
-    block). For the D-Loop decoders, draft is the engine's whole two-pass draft (with the refiner
+    """Seconds per call: prefill (the prompt), draft (one drafter block + the base logits of the
+    drafted positions), fold (the head's once-per-checkpoint weight fold, which the decode loop
+    does before its first block), refine (the head's per-block solve on folded weights) and verify
+    (one target pass over the drafted positions: the block's first settings.verify_tokens, all by
+    default). For the D-Loop decoders, draft is the engine's whole two-pass draft (with the refiner
     for dloop+xpress; refine is then 0) and verify the engine's joint pass over the K branches."""
     drafter = models.drafter
     spec = DECODERS[decoder]
     head_name = HEAD_OF[decoder]
     block = drafter.cfg.block_size if spec.drafter else 1
+    verified = settings.verify_tokens or block - 1  # the draft tokens the target's pass reads
     ids, lengths = pad_prompts([prompt], multiple=pad_multiple)
     max_len = ids.shape[1] + max_new_tokens + block * settings.branches
     taps = () if drafter is None else drafter.cfg.target_layer_ids
@@ -57,7 +59,7 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
     merged = functools.partial(jit_on_state, graphdef)
 
     prefill_fn = merged(lambda m, ids, lengths: prefill(m.target, m.drafter, ids, lengths, max_len))
-    draft_fn = merged(lambda m, last, ctx: draft_block(m.target, m.drafter, ctx, last))
+    draft_fn = merged(lambda m, last, ctx: draft_block(m.target, m.drafter, ctx, last, verified))
     fold_fn = merged(lambda m: fold_head(head_name, m.head))
     refine_fn = jax.jit(lambda folded, embed_state, s, h, last: refine_block(
         head_name, folded, s, h, last, nnx.merge(graphdef, embed_state).target.embed, settings=settings).tokens)
@@ -73,7 +75,7 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
     cache, last = out.cache, ids[:, -1]
     if spec.loop:
         times["draft_s"] = median_seconds(loop_draft_fn, state, last, ctx, reps=reps)
-        drafts = loop_draft_fn(state, last, ctx)
+        drafts = loop_draft_fn(state, last, ctx)[:, :, :verified]
         times["refine_s"] = 0.0
         times["verify_s"] = median_seconds(loop_verify_fn, state, cache, last, drafts, reps=reps)
         return times

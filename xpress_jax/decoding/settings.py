@@ -20,11 +20,15 @@ class DecodeSettings:
     early_stop: bool = True  # end the Jacobi loop at the fixed point
     top_k: int = 0  # > 0: XPress candidate mode over the drafter's top-k per position
     branches: int = 1  # D-Loop's K: prefixes regenerated and verified together
+    # draft tokens the target verifies per step, the block's first ones (0: all B-1). The drafter
+    # still runs over its whole block, as trained; its LM head, the head's causal solve and the
+    # target's pass (whose cost grows with its length) cover only these. Lossless at any value.
+    verify_tokens: int = 0
 
     @classmethod
     def from_eval(cls, e: dict, branches: int = 1) -> "DecodeSettings":
         return cls(max_iters=int(e["max_iters"]), early_stop=bool(e["early_stop"]), top_k=int(e["top_k"]),
-                   branches=branches)
+                   branches=branches, verify_tokens=int(e["verify_tokens"]))
 
     def for_decoder(self, decoder: str) -> "DecodeSettings":
         """These settings with the knobs `decoder` does not read (methods.DECODERS) back at their defaults."""
@@ -41,6 +45,9 @@ class DecodeSettings:
                              f"{', '.join(decoders_reading(name))}")
         if self.max_iters < 1:
             raise InputError(f"max_iters (Jacobi K) must be >= 1, got {self.max_iters}")
+        if not 0 <= self.verify_tokens <= block - 1:
+            raise InputError(f"verify_tokens must lie in 0..{block - 1} (0: the whole block of {block - 1} "
+                             f"draft tokens), got {self.verify_tokens}")
         if self.top_k < 0:
             raise InputError(f"top_k must be >= 0, got {self.top_k}")
         if DECODERS[decoder].loop and not 1 <= self.branches <= block - 1:

@@ -60,7 +60,9 @@ class DecodeStats:
     committed: jax.Array  # [batch] tokens committed by those steps (sum of acc + 1, cut at stops)
     accepted_at: jax.Array  # [batch, B-1] steps whose acceptance reached position k (1-based k = index + 1)
     iterations: jax.Array  # [batch] Jacobi iterations (or serial steps) summed over steps
-    draft_repeats: jax.Array  # [batch] drafted positions 2..B-1 whose token equals the previous drafted token
+    # [batch] drafted positions 2..m whose token equals the previous drafted token (m = the verified
+    # drafts, settings.verify_tokens; B-1 by default)
+    draft_repeats: jax.Array
     # the same count on the drafter's own one-pass block (argmax s, before any head or second pass),
     # on the same contexts: what the head or D-Loop's second pass started from
     drafter_repeats: jax.Array  # [batch]
@@ -126,12 +128,14 @@ def prefill(target: Qwen3, drafter: DFlashDrafter | None, prompt, prompt_lens, m
     return out, ctx
 
 
-def draft_block(target: Qwen3, drafter: DFlashDrafter, ctx, last):
-    """One drafter pass over [last, MASK...]: base logits s [batch, n, vocab] and hidden states h
-    [batch, n, hidden] of the n = B-1 draft positions."""
+def draft_block(target: Qwen3, drafter: DFlashDrafter, ctx, last, drafted: int | None = None):
+    """One drafter pass over [last, MASK...] (the whole block of B, as trained): base logits s
+    [batch, drafted, vocab] of the first `drafted` draft positions (default all n = B-1) and hidden
+    states h [batch, n, hidden] of all n (XPress's g averages them all)."""
     block = drafter.cfg.block_size
     hidden = drafter(target.embed(block_inputs(last, block, drafter.cfg.mask_token_id)), ctx)  # [b, B, H]
-    return target.logits(hidden[:, 1:]), hidden[:, 1:]
+    drafted = block - 1 if drafted is None else drafted
+    return target.logits(hidden[:, 1:1 + drafted]), hidden[:, 1:]
 
 
 def fold_head(head_name: str | None, head):
@@ -155,6 +159,10 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
     batch = prompt.shape[0]
     block = drafter.cfg.block_size if DECODERS[opts.decoder].drafter else 1
     n = block - 1
+    # the block's first m positions are drafted (after the drafter's pass over all B), refined and
+    # verified: causal heads decide position k from positions < k only, so the first m of a whole
+    # block's draft are exactly these
+    m = opts.settings.verify_tokens or n
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     max_new = opts.max_new_tokens
 
@@ -173,25 +181,26 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
                         draft_repeats=jnp.zeros((batch,), jnp.int32), drafter_repeats=jnp.zeros((batch,), jnp.int32),
                         prefix_kept=jnp.zeros((batch,), jnp.int32), empty_prefix=jnp.zeros((batch,), jnp.int32),
                         per_step=jnp.zeros((batch, max_new), jnp.int32))
-    slots = jnp.arange(block, dtype=jnp.int32)
+    slots = jnp.arange(m + 1, dtype=jnp.int32)  # the verified block: last + m drafts
 
     loop = DECODERS[opts.decoder].loop
     head_name = HEAD_OF[opts.decoder]
     head = fold_head(head_name, head)  # hoisted out of the loop: the weights do not change between blocks
 
     def draft_and_verify(tcache, ctx, last, k_noise, k_accept):
-        """-> the drafted block [batch, n], acc, the target's next token, the target's output over the
+        """-> the verified draft [batch, m], acc, the target's next token, the target's output over the
         kept block (cache and taps as if only that block had been run), Jacobi iterations, the
-        drafter's one-pass block [batch, n] and the verified branch's kept prefix length [batch]."""
-        if loop:
+        drafter's one-pass block [batch, m] and the verified branch's kept prefix length [batch]."""
+        if loop:  # D-Loop drafts its whole two-pass block (its prefix rule reads all of it); m are verified
             d = loop_draft(target, drafter, ctx, last, opts.settings, head=head)
-            branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens, key=k_accept,
+            branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens[:, :, :m], key=k_accept,
                                                        temperature=temperature, greedy=opts.greedy, tap_layers=taps)
-            return _row(d.tokens, branch), acc, nxt, verify, d.iterations, d.one_pass, _row(d.prefix_len, branch)
+            return (_row(d.tokens, branch)[:, :m], acc, nxt, verify, d.iterations, d.one_pass[:, :m],
+                    _row(d.prefix_len, branch))
         iterations = jnp.zeros((batch,), jnp.int32)
         no_prefix = jnp.zeros((batch,), jnp.int32)
         if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
-            s, h = draft_block(target, drafter, ctx, last)  # [batch, n, vocab], [batch, n, hidden]
+            s, h = draft_block(target, drafter, ctx, last, m)  # [batch, m, vocab], [batch, n, hidden]
             noise = None if opts.greedy else gumbel_noise(k_noise, s.shape)
             res = refine_block(head_name, head, s, h, last, target.embed, settings=opts.settings,
                                noise=noise, temperature=temperature)

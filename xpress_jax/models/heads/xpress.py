@@ -96,6 +96,11 @@ class FoldedXPress:
         """Already folded (so a solver can take either form)."""
         return self
 
+    def first(self, m: int) -> "FoldedXPress":
+        """The refiner of the block's first m positions: L's leading m x m corner. Exact for those
+        positions, since the mix is lower-triangular (with block_constant computed on the whole block)."""
+        return self if m == self.L.shape[0] else self.replace(L=self.L[:m, :m])
+
     def block_constant(self, h: jax.Array) -> jax.Array:
         """The part of m_k that does not depend on tokens: mix(h H + g G) [batch, n, r]."""
         h = h.astype(self.H.dtype)
