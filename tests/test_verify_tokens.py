@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from head_fixtures import N, V, inputs, make_head
+from head_fixtures import N, inputs, make_head
 from spec_fixtures import BLOCK, chi_square_p, counting_models, exact_first_two, random_models, zero_logit_models
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
