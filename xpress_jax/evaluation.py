@@ -238,7 +238,7 @@ def evaluate(config, methods: list[Method], e: dict, *, check_lossless: bool = F
             spec = models[m.label]
             tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, e, pad, f"{ds}/{m.label}", m.branches)
             r = summarise(tokens, stats, seconds, baseline["tokens_per_s"],
-                          e["verify_tokens"] or spec.drafter.cfg.block_size - 1,
+                          DecodeSettings.from_eval(e).drafted(spec.drafter.cfg.block_size),
                           loop=DECODERS[m.decoder].loop)
             r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
             if DECODERS[m.decoder].loop:

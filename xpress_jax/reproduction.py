@@ -184,7 +184,7 @@ def trained_methods(run: str, dloop_branches=(1,)):
                           for label in TRAIN_STAGES], dloop_branches)
 
 
-def eval_passes(config) -> list[tuple[str, dict]]:
+def eval_passes(config, run: str) -> list[tuple[str, dict]]:
     """(name, eval settings) of each eval pass: every temperature with whole blocks verified (the
     papers' tau), then, with reproduce.speed_verify_tokens = m > 0, every temperature again with
     the target verifying each block's first m drafts (`T0_v4`), for wall-clock speed only (no K
@@ -195,7 +195,7 @@ def eval_passes(config) -> list[tuple[str, dict]]:
         for temperature in config.reproduce.temperatures:
             name = f"T{temperature:g}" + (f"_v{verify_tokens}" if verify_tokens else "")
             e = {**config.eval.to_dict(), "temperature": float(temperature), "verify_tokens": verify_tokens,
-                 "out_dir": os.path.join("eval", name)}
+                 "out_dir": os.path.join(run, "eval", name)}
             if temperature != 0 or verify_tokens:  # the K sweep and candidate mode at T = 0, whole blocks
                 e["jacobi_k"], e["candidate_k"] = (), 0
             passes.append((name, e))
@@ -205,8 +205,7 @@ def eval_passes(config) -> list[tuple[str, dict]]:
 def evaluate_all(config, run: str) -> dict:
     from xpress_jax.evaluation import evaluate
     out = {}
-    for name, e in eval_passes(config):
-        e["out_dir"] = os.path.join(run, e["out_dir"])
+    for name, e in eval_passes(config, run):
         greedy = e["temperature"] == 0
         report, failures = evaluate(config, trained_methods(run, e["dloop_branches"]), e, check_lossless=greedy)
         if failures:

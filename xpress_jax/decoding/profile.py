@@ -51,7 +51,7 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
     spec = DECODERS[decoder]
     head_name = HEAD_OF[decoder]
     block = drafter.cfg.block_size if spec.drafter else 1
-    verified = settings.verify_tokens or block - 1  # the draft tokens the target's pass reads
+    verified = settings.drafted(block)  # the draft tokens the target's pass reads
     ids, lengths = pad_prompts([prompt], multiple=pad_multiple)
     max_len = ids.shape[1] + max_new_tokens + block * settings.branches
     taps = () if drafter is None else drafter.cfg.target_layer_ids

@@ -30,6 +30,10 @@ class DecodeSettings:
         return cls(max_iters=int(e["max_iters"]), early_stop=bool(e["early_stop"]), top_k=int(e["top_k"]),
                    branches=branches, verify_tokens=int(e["verify_tokens"]))
 
+    def drafted(self, block: int) -> int:
+        """Draft positions per step that are drafted, refined and verified: verify_tokens, or all B-1."""
+        return self.verify_tokens or block - 1
+
     def for_decoder(self, decoder: str) -> "DecodeSettings":
         """These settings with the knobs `decoder` does not read (methods.DECODERS) back at their defaults."""
         reads = DECODERS[decoder].knobs

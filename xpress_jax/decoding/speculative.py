@@ -162,7 +162,7 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
     # the block's first m positions are drafted (after the drafter's pass over all B), refined and
     # verified: causal heads decide position k from positions < k only, so the first m of a whole
     # block's draft are exactly these
-    m = opts.settings.verify_tokens or n
+    m = opts.settings.drafted(block)
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     max_new = opts.max_new_tokens
 
