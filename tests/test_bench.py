@@ -103,8 +103,10 @@ def test_decode_suite_times_other_shapes_and_chosen_variants(tmp_path):
     """--decode_set overrides the config's shapes (as --config.KEY does), --decode_variants keeps
     target-only and the named rows; an unknown key or label is a one-line error."""
     tiny = os.path.join(ROOT, "configs", "tiny.py")
+    # 3 repetitions of 256 tokens: at these shapes target-only decoding takes milliseconds, and a
+    # single repetition of 128 tokens could time faster than one token under load
     common = ("xpress_jax.bench", "--suite=decode", f"--decode_config={tiny}", "--contexts=8", "--batches=1",
-              "--decode_tokens=128", "--reps=1", f"--out={tmp_path}")
+              "--decode_tokens=256", "--reps=3", f"--out={tmp_path}")
     r = run(*common, "--decode_set=target.arch.num_hidden_layers=3,heads.rank=8", "--decode_variants=markov",
             "--verify_tokens=0,2", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -112,14 +112,14 @@ def test_state_after_multi_branch_verification_equals_direct_decoding():
     direct = target(jnp.asarray([prompt + greedy[:BLOCK]]), cache=KVCache.init(target.cfg, 1, 64), tap_layers=taps)
     used = len(prompt) + BLOCK
     for a, b in zip(kept.k + kept.v, direct.cache.k + direct.cache.v):
-        np.testing.assert_allclose(a[:, :, :used], b[:, :, :used], atol=1e-5)  # [batch, kv_heads, slots, head_dim]
+        np.testing.assert_allclose(a[:, :used], b[:, :used], atol=1e-5)  # [batch * kv_heads, slots, head_dim]
     np.testing.assert_allclose(out.taps, direct.taps[:, len(prompt):], atol=1e-5)
     # the drafter context grown from the kept branch equals the one grown from the direct pass
     ctx0 = drafter.extend_context(KVCache.init(drafter.cfg, 1, 64), direct.taps[:, :len(prompt)])
     grown = drafter.extend_context(ctx0, out.taps)
     whole = drafter.extend_context(KVCache.init(drafter.cfg, 1, 64), direct.taps)
     for a, b in zip(grown.k + grown.v, whole.k + whole.v):
-        np.testing.assert_allclose(a[:, :, :used], b[:, :, :used], atol=1e-5)  # [batch, kv_heads, slots, head_dim]
+        np.testing.assert_allclose(a[:, :used], b[:, :used], atol=1e-5)  # [batch * kv_heads, slots, head_dim]
 
 
 @pytest.mark.parametrize("std", [1.0, 4.0])

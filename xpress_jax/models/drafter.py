@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xpress_jax.errors import ConfigError
-from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, heads_major, param
+from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, kv_rows, param
 from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_kv
 
 QWEN3_MASK_TOKEN_ID = 151669  # an unused row of the Qwen3 embedding
@@ -175,9 +175,9 @@ class DFlashDrafter(nnx.Module):
             h = layer.input_layernorm(x)
             q = layer.self_attn.queries(h, positions)
             k_blk, v_blk = layer.self_attn.keys_values(h, positions)
-            # [batch, kv_heads, max_len + K*B, head_dim]: the context slots, then the block's own
-            k = jnp.concatenate([cache.k[i].astype(k_blk.dtype), heads_major(k_blk)], axis=2)
-            v = jnp.concatenate([cache.v[i].astype(v_blk.dtype), heads_major(v_blk)], axis=2)
+            # [batch * kv_heads, max_len + K*B, head_dim]: the context slots, then the block's own
+            k = jnp.concatenate([cache.k[i].astype(k_blk.dtype), kv_rows(k_blk)], axis=1)
+            v = jnp.concatenate([cache.v[i].astype(v_blk.dtype), kv_rows(v_blk)], axis=1)
             x = x + layer.self_attn.output(attend(q, k, v, mask))
             x = layer.mlp_block(x)
         return self.norm(x)

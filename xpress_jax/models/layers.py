@@ -52,39 +52,45 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-def heads_major(x: jax.Array) -> jax.Array:
-    """[batch, seq, heads, head_dim] (what the projections give) -> [batch, heads, seq, head_dim]
-    (what `attend` and the KV caches hold)."""
-    return jnp.swapaxes(x, 1, 2)
+def kv_rows(x: jax.Array) -> jax.Array:
+    """[batch, seq, kv_heads, head_dim] (what the projections give) -> [batch * kv_heads, seq, head_dim]
+    (what `attend` reads and the KV caches hold: one row of slots per sequence and KV head)."""
+    batch, seq, kv_heads, head_dim = x.shape
+    return jnp.swapaxes(x, 1, 2).reshape(batch * kv_heads, seq, head_dim)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query softmax attention.
 
-    q: [batch, q_len, heads, head_dim]; k, v: [batch, kv_heads, kv_len, head_dim] (heads-major, the
-    caches' layout: stored slots-major, every step would transpose the whole cache to feed the dots,
-    which on CPUs cost 3x the attention itself at batch 64); mask: [batch, q_len, kv_len] bool, True
-    where a query may attend. Returns [batch, q_len, heads, head_dim].
+    q: [batch, q_len, heads, head_dim]; k, v: [batch * kv_heads, kv_len, head_dim] (`kv_rows`, the
+    caches' layout); mask: [batch, q_len, kv_len] bool, True where a query may attend. Returns
+    [batch, q_len, heads, head_dim].
 
-    The queries of a KV group are stacked into one [group * q_len] axis, so both dots are plain
-    batched matmuls over (batch, kv_heads) with the cache as stored. Written with the group and
-    query axes apart, XLA's CPU layouts moved the probabilities and the values through a transpose
-    in every layer of every decoding step (batch-64 decoding here was 1.23-1.36x slower for it;
-    benchmarks/cpu/attention-layout/).
+    Why this layout:
+    - heads-major, not slots-major: stored slots-major, every step would transpose the whole cache
+      to feed the dots (on CPUs 3x the attention itself at batch 64).
+    - (batch, kv_heads) as one leading axis: the dots want a single batch axis, and with a 4-D cache
+      the bitcast between the two made XLA's CPU compiler duplicate each in-place cache write into
+      two fusions and copy every cache buffer four times per decoding step (target-only decoding
+      paid 1.3-1.5x for it; benchmarks/cpu/cache-copies/).
+    - the queries of a KV group stacked into one [group * q_len] axis, so both dots are plain
+      batched matmuls with the cache as stored. Written with the group and query axes apart, XLA's
+      CPU layouts moved the probabilities and the values through a transpose in every layer of
+      every step (batch-64 decoding was 1.23-1.36x slower; benchmarks/cpu/attention-layout/).
     """
     batch, q_len, heads, head_dim = q.shape
-    kv_heads = k.shape[1]
+    kv_heads = k.shape[0] // batch
     group = heads // kv_heads
     rows = group * q_len
     # [batch, kv_heads, group, q_len, head_dim]
     q = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(batch, kv_heads, rows, head_dim)  # row = g * q_len + t
-    scores = jnp.einsum("bkrd,bksd->bkrs", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (head_dim**-0.5)  # [batch, kv_heads, group * q_len, kv_len]
-    row_mask = jnp.broadcast_to(mask[:, None], (batch, group) + mask.shape[1:]).reshape(batch, 1, rows, -1)
-    scores = jnp.where(row_mask, scores, _MASK_VALUE)
+    q = q.reshape(batch * kv_heads, rows, head_dim)  # row = g * q_len + t
+    scores = jnp.einsum("nrd,nsd->nrs", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (head_dim**-0.5)  # [batch * kv_heads, group * q_len, kv_len]
+    row_mask = jnp.broadcast_to(mask[:, None, None], (batch, kv_heads, group) + mask.shape[1:])
+    scores = jnp.where(row_mask.reshape(batch * kv_heads, rows, -1), scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkrs,bksd->bkrd", probs, v).reshape(batch, kv_heads, group, q_len, head_dim)
+    out = jnp.einsum("nrs,nsd->nrd", probs, v).reshape(batch, kv_heads, group, q_len, head_dim)
     return jnp.moveaxis(out, 3, 1).reshape(batch, q_len, heads, head_dim)
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
-from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, heads_major, param
+from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, kv_rows, param
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,21 +97,21 @@ class KVCache:
     masked and later writes overwrite them.
     """
 
-    k: tuple[jax.Array, ...]  # per layer [batch, kv_heads, max_len, head_dim] (heads-major, as `attend` reads)
+    k: tuple[jax.Array, ...]  # per layer [batch * kv_heads, max_len, head_dim] (`layers.kv_rows`, as `attend` reads)
     v: tuple[jax.Array, ...]
     lengths: jax.Array  # [batch] int32: committed tokens per sequence
 
     @classmethod
     def init(cls, cfg, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
         """cfg: anything with num_hidden_layers, num_key_value_heads, head_dim (target or drafter)."""
-        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        shape = (batch * cfg.num_key_value_heads, max_len, cfg.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
         return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[2]
+        return self.k[0].shape[1]
 
     def rollback(self, lengths: jax.Array) -> "KVCache":
         return self.replace(lengths=lengths.astype(jnp.int32))
@@ -122,9 +122,10 @@ class KVCache:
         where decoding that branch alone would have written it. Lengths are left to the caller."""
         src = start + branch * width
 
-        def move(c):  # c: [batch, kv_heads, max_len, head_dim]
+        def move(rows):  # [batch * kv_heads, max_len, head_dim]
+            c = per_sequence(rows, start.shape[0])  # [batch, kv_heads, max_len, head_dim]
             chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=1))(c, src)
-            return write_at(c, chosen, start, axis=2)
+            return write_at(c, chosen, start, axis=2).reshape(rows.shape)
         return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
 
 
@@ -135,10 +136,17 @@ def write_at(buffer: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 
     return jax.vmap(one)(buffer, new, offsets)
 
 
+def per_sequence(rows: jax.Array, batch: int) -> jax.Array:
+    """A cache buffer [batch * kv_heads, max_len, head_dim] viewed as [batch, kv_heads, max_len, head_dim]
+    (a free reshape), for writes at per-sequence offsets."""
+    return rows.reshape((batch, -1) + rows.shape[1:])
+
+
 def write_kv(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
-    """cache: [batch, kv_heads, max_len, head_dim]; new: [batch, t, kv_heads, head_dim] (the projections'
-    layout), written at slots offsets..offsets+t-1 of each sequence."""
-    return write_at(cache, heads_major(new), offsets, axis=2)
+    """cache: [batch * kv_heads, max_len, head_dim]; new: [batch, t, kv_heads, head_dim] (the
+    projections' layout), written at slots offsets..offsets+t-1 of each sequence."""
+    batch = new.shape[0]
+    return write_at(per_sequence(cache, batch), jnp.swapaxes(new, 1, 2), offsets, axis=2).reshape(cache.shape)
 
 
 def _cache_mask(lengths: jax.Array, max_len: int, seq: int, block_mask: jax.Array | None) -> jax.Array:
@@ -238,7 +246,7 @@ class Qwen3(nnx.Module):
                 new_k.append(k)
                 new_v.append(v)
             else:
-                k, v = heads_major(k), heads_major(v)
+                k, v = kv_rows(k), kv_rows(v)
             x = x + layer.self_attn.output(attend(q, k, v, mask))
             x = layer.mlp_block(x)
             if i in tap_layers and i != num_layers - 1:

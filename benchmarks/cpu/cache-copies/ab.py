@@ -1,0 +1,101 @@
+"""Per-step cost of decoding with the KV cache as [batch * kv_heads, slots, head_dim] rows (this
+checkout) against the 4-D [batch, kv_heads, slots, head_dim] cache (another checkout, --old), side
+by side: each measurement runs in a fresh subprocess, the two checkouts alternated.
+
+    git worktree add /tmp/old bcad55e
+    python benchmarks/cpu/cache-copies/ab.py --old=/tmp/old --out=benchmarks/cpu/cache-copies/ab.json
+
+Each subprocess loads the published run's target and DFlash drafter, decodes 192 tokens from a
+random 100-token prompt with caches of 320 and 640 slots (target-only, and DFlash verifying 4
+drafts), and reports ms per loop step ((192-token run - 1-token run) / steps, fastest of 5) and
+the whole-cache copies in the compiled loop body.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+MEASURE = r'''
+import json, re, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
+from xpress_jax.checkpoints.hf_drafter import load_drafter
+from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.decoding.speculative import DecodeOptions, SpecModels, _decode, generate
+
+run, slots = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+target, drafter = load_qwen3(f"{run}/target"), load_drafter(f"{run}/dflash/export")
+models = SpecModels(target, drafter)
+prompt = np.random.default_rng(0).integers(10, 2000, 100).tolist()
+
+def fastest(fn, reps=5):
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); out = fn(); times.append(time.perf_counter() - t0)
+    return min(times), out
+
+def loop_copies(opts):
+    g, st = nnx.split(models)
+    hlo = _decode.lower(g, st, jnp.zeros((1, 100), jnp.int32), jnp.array([100]), jnp.array([1], jnp.int32),
+                        jax.random.key(0), jnp.float32(1.0), opts).compile().as_text()
+    body = re.search(r"body=(%[\w.\-]+)", hlo).group(1)
+    text = hlo[hlo.index("\n" + body + " "):]
+    text = text[:text.index("\n}")]
+    # a copy of a buffer with the cache's slot count (4-D or rows layout)
+    return len(re.findall(r"= f32\[[0-9,]*,%d,48\]\{[0-9,]*\} copy\(" % opts.max_len, text))
+
+rows = {}
+for L in slots:
+    for label, dec, s in [("target", "target", DecodeSettings()), ("dflash_v4", "dflash", DecodeSettings(verify_tokens=4))]:
+        kw = dict(decoder=dec, settings=s, max_len=L)
+        whole, out = fastest(lambda: generate(models, [prompt], max_new_tokens=192, **kw))
+        outside, _ = fastest(lambda: generate(models, [prompt], max_new_tokens=1, **kw))
+        steps = int(out.stats["steps"].max())
+        opts = DecodeOptions(decoder=dec, max_new_tokens=192, greedy=True, max_len=L, settings=s)
+        rows[f"{label}@{L}"] = {"ms_per_step": round((whole - outside) / steps * 1e3, 4), "steps": steps,
+                                "tokens": out.tokens[0], "loop_cache_copies": loop_copies(opts)}
+print(json.dumps(rows))
+'''
+
+
+def measure(checkout, run, slots):
+    env = dict(os.environ, PYTHONPATH=checkout)
+    out = subprocess.run([sys.executable, "-c", MEASURE, run, slots], env=env, cwd=checkout, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", required=True, help="a checkout with the 4-D cache (e.g. a worktree of bcad55e)")
+    ap.add_argument("--run", default=os.path.abspath("benchmarks/tiny/run-2026-12-01"))
+    ap.add_argument("--slots", default="320,640")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/cpu/cache-copies/ab.json")
+    args = ap.parse_args()
+    new = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    rounds = []
+    for r in range(args.rounds):
+        pair = {"old": measure(os.path.abspath(args.old), args.run, args.slots),
+                "new": measure(new, args.run, args.slots)}
+        rounds.append(pair)
+        for case in pair["new"]:
+            o, n = pair["old"][case], pair["new"][case]
+            same = o["tokens"] == n["tokens"]
+            print(f"round {r}: {case:16s} old {o['ms_per_step']:.3f} ms ({o['loop_cache_copies']} copies)  "
+                  f"new {n['ms_per_step']:.3f} ms ({n['loop_cache_copies']} copies)  "
+                  f"old/new {o['ms_per_step'] / n['ms_per_step']:.2f}  same tokens: {same}", flush=True)
+    for pair in rounds:
+        for side in pair.values():
+            for row in side.values():
+                row["tokens"] = len(row["tokens"])
+    with open(args.out, "w") as f:
+        json.dump({"rounds": rounds}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
