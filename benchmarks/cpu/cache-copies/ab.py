@@ -18,25 +18,19 @@ import subprocess
 import sys
 
 MEASURE = r'''
-import json, re, sys, time
+import json, re, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.decoding.settings import DecodeSettings
+from xpress_jax.bench.decode import _fastest_seconds as fastest
 from xpress_jax.decoding.speculative import DecodeOptions, SpecModels, _decode, generate
 
 run, slots = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
 target, drafter = load_qwen3(f"{run}/target"), load_drafter(f"{run}/dflash/export")
 models = SpecModels(target, drafter)
 prompt = np.random.default_rng(0).integers(10, 2000, 100).tolist()
-
-def fastest(fn, reps=5):
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter(); out = fn(); times.append(time.perf_counter() - t0)
-    return min(times), out
 
 def loop_copies(opts):
     g, st = nnx.split(models)
@@ -52,8 +46,8 @@ rows = {}
 for L in slots:
     for label, dec, s in [("target", "target", DecodeSettings()), ("dflash_v4", "dflash", DecodeSettings(verify_tokens=4))]:
         kw = dict(decoder=dec, settings=s, max_len=L)
-        whole, out = fastest(lambda: generate(models, [prompt], max_new_tokens=192, **kw))
-        outside, _ = fastest(lambda: generate(models, [prompt], max_new_tokens=1, **kw))
+        whole, out = fastest(lambda: generate(models, [prompt], max_new_tokens=192, **kw), 5)
+        outside, _ = fastest(lambda: generate(models, [prompt], max_new_tokens=1, **kw), 5)
         steps = int(out.stats["steps"].max())
         opts = DecodeOptions(decoder=dec, max_new_tokens=192, greedy=True, max_len=L, settings=s)
         rows[f"{label}@{L}"] = {"ms_per_step": round((whole - outside) / steps * 1e3, 4), "steps": steps,
