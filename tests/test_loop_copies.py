@@ -27,11 +27,14 @@ def loop_body(hlo: str) -> str:
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a property of XLA's CPU compiler")
 @pytest.mark.parametrize("decoder,settings", [("target", DecodeSettings()), ("dflash", DecodeSettings()),
-                                              ("dflash", DecodeSettings(verify_tokens=2))])
+                                              ("dflash", DecodeSettings(verify_tokens=2)),
+                                              ("dloop", DecodeSettings(branches=2))])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_no_cache_copies_inside_the_decode_loop(decoder, settings, batch):
     # head_dim 48 as in the tiny reproduction: with head_dim 8 the 4-D cache passed too (at these
-    # shapes it fails on target-only decoding at batch 1, with 24 copies per step)
+    # shapes it fails on target-only decoding at batch 1, with 24 copies per step). D-Loop with two
+    # branches writes each buffer twice a step (verification, then the kept branch's move); written
+    # through a 4-D view of the cache that made 12 copies per step at batch 1
     tcfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=48, rope_theta=10_000.0)
     target = redraw(Qwen3(tcfg, rngs=nnx.Rngs(0)), 0)

@@ -122,10 +122,11 @@ class KVCache:
         where decoding that branch alone would have written it. Lengths are left to the caller."""
         src = start + branch * width
 
-        def move(rows):  # [batch * kv_heads, max_len, head_dim]
-            c = per_sequence(rows, start.shape[0])  # [batch, kv_heads, max_len, head_dim]
-            chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=1))(c, src)
-            return write_at(c, chosen, start, axis=2).reshape(rows.shape)
+        def move(rows):  # [batch * kv_heads, max_len, head_dim]; each row moves by its sequence's offsets
+            kv_heads = rows.shape[0] // start.shape[0]
+            row_src, row_start = jnp.repeat(src, kv_heads), jnp.repeat(start, kv_heads)
+            chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=0))(rows, row_src)
+            return write_at(rows, chosen, row_start, axis=1)
         return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
 
 
@@ -136,17 +137,13 @@ def write_at(buffer: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 
     return jax.vmap(one)(buffer, new, offsets)
 
 
-def per_sequence(rows: jax.Array, batch: int) -> jax.Array:
-    """A cache buffer [batch * kv_heads, max_len, head_dim] viewed as [batch, kv_heads, max_len, head_dim]
-    (a free reshape), for writes at per-sequence offsets."""
-    return rows.reshape((batch, -1) + rows.shape[1:])
-
-
 def write_kv(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
     """cache: [batch * kv_heads, max_len, head_dim]; new: [batch, t, kv_heads, head_dim] (the
-    projections' layout), written at slots offsets..offsets+t-1 of each sequence."""
-    batch = new.shape[0]
-    return write_at(per_sequence(cache, batch), jnp.swapaxes(new, 1, 2), offsets, axis=2).reshape(cache.shape)
+    projections' layout), written at slots offsets..offsets+t-1 of each sequence. Written row by
+    row in the cache's own layout: through a 4-D view of it, XLA's CPU compiler copied the whole
+    buffer whenever a step wrote it twice (D-Loop's branch move at batch 1)."""
+    kv_heads = new.shape[2]
+    return write_at(cache, kv_rows(new), jnp.repeat(offsets, kv_heads), axis=1)
 
 
 def _cache_mask(lengths: jax.Array, max_len: int, seq: int, block_mask: jax.Array | None) -> jax.Array:

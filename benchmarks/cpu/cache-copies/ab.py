@@ -1,14 +1,16 @@
-"""Per-step cost of decoding with the KV cache as [batch * kv_heads, slots, head_dim] rows (this
-checkout) against the 4-D [batch, kv_heads, slots, head_dim] cache (another checkout, --old), side
-by side: each measurement runs in a fresh subprocess, the two checkouts alternated.
+"""Per-step cost of decoding with the KV cache as this checkout writes it against another checkout
+(--old), side by side: each measurement runs in a fresh subprocess, the two checkouts alternated.
 
-    git worktree add /tmp/old bcad55e
+    git worktree add /tmp/old bcad55e   # the 4-D cache [batch, kv_heads, slots, head_dim]
     python benchmarks/cpu/cache-copies/ab.py --old=/tmp/old --out=benchmarks/cpu/cache-copies/ab.json
+    git worktree add /tmp/old2 91fab7f  # rows, but written through a 4-D view (D-Loop's branch move)
+    python benchmarks/cpu/cache-copies/ab.py --old=/tmp/old2 --slots=400 --cases=target,dflash_v4,dloop,dloop_k4 \
+        --out=benchmarks/cpu/cache-copies/ab_branch_move.json
 
-Each subprocess loads the published run's target and DFlash drafter, decodes 192 tokens from a
-random 100-token prompt with caches of 320 and 640 slots (target-only, and DFlash verifying 4
-drafts), and reports ms per loop step ((192-token run - 1-token run) / steps, fastest of 5) and
-the whole-cache copies in the compiled loop body.
+Each subprocess loads the published run's target and drafters, decodes 192 tokens from a random
+100-token prompt with caches of the given slots (target-only; DFlash verifying 4 drafts; D-Loop's
+drafter with 1 and 4 branches), and reports ms per loop step ((192-token run - 1-token run) /
+steps, fastest of 5) and the whole-cache copies in the compiled loop body.
 """
 
 import argparse
@@ -27,12 +29,16 @@ from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.bench.decode import _fastest_seconds as fastest
 from xpress_jax.decoding.speculative import DecodeOptions, SpecModels, _decode, generate
 
-run, slots = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
-target, drafter = load_qwen3(f"{run}/target"), load_drafter(f"{run}/dflash/export")
-models = SpecModels(target, drafter)
+run, slots, cases = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], sys.argv[3].split(",")
+target = load_qwen3(f"{run}/target")
+dflash_models = SpecModels(target, load_drafter(f"{run}/dflash/export"))
+CASES = {"target": (dflash_models, "target", DecodeSettings()),
+         "dflash_v4": (dflash_models, "dflash", DecodeSettings(verify_tokens=4)),
+         "dloop": (SpecModels(target, load_drafter(f"{run}/dloop/export")), "dloop", DecodeSettings()),
+         "dloop_k4": (SpecModels(target, load_drafter(f"{run}/dloop/export")), "dloop", DecodeSettings(branches=4))}
 prompt = np.random.default_rng(0).integers(10, 2000, 100).tolist()
 
-def loop_copies(opts):
+def loop_copies(models, opts):
     g, st = nnx.split(models)
     hlo = _decode.lower(g, st, jnp.zeros((1, 100), jnp.int32), jnp.array([100]), jnp.array([1], jnp.int32),
                         jax.random.key(0), jnp.float32(1.0), opts).compile().as_text()
@@ -44,38 +50,40 @@ def loop_copies(opts):
 
 rows = {}
 for L in slots:
-    for label, dec, s in [("target", "target", DecodeSettings()), ("dflash_v4", "dflash", DecodeSettings(verify_tokens=4))]:
+    for label in cases:
+        models, dec, s = CASES[label]
         kw = dict(decoder=dec, settings=s, max_len=L)
         whole, out = fastest(lambda: generate(models, [prompt], max_new_tokens=192, **kw), 5)
         outside, _ = fastest(lambda: generate(models, [prompt], max_new_tokens=1, **kw), 5)
         steps = int(out.stats["steps"].max())
         opts = DecodeOptions(decoder=dec, max_new_tokens=192, greedy=True, max_len=L, settings=s)
         rows[f"{label}@{L}"] = {"ms_per_step": round((whole - outside) / steps * 1e3, 4), "steps": steps,
-                                "tokens": out.tokens[0], "loop_cache_copies": loop_copies(opts)}
+                                "tokens": out.tokens[0], "loop_cache_copies": loop_copies(models, opts)}
 print(json.dumps(rows))
 '''
 
 
-def measure(checkout, run, slots):
+def measure(checkout, run, slots, cases):
     env = dict(os.environ, PYTHONPATH=checkout)
-    out = subprocess.run([sys.executable, "-c", MEASURE, run, slots], env=env, cwd=checkout, check=True,
+    out = subprocess.run([sys.executable, "-c", MEASURE, run, slots, cases], env=env, cwd=checkout, check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--old", required=True, help="a checkout with the 4-D cache (e.g. a worktree of bcad55e)")
+    ap.add_argument("--old", required=True, help="the checkout to compare with (e.g. a worktree of bcad55e)")
     ap.add_argument("--run", default=os.path.abspath("benchmarks/tiny/run-2026-12-01"))
     ap.add_argument("--slots", default="320,640")
+    ap.add_argument("--cases", default="target,dflash_v4", help="of target, dflash_v4, dloop, dloop_k4")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/cpu/cache-copies/ab.json")
     args = ap.parse_args()
     new = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     rounds = []
     for r in range(args.rounds):
-        pair = {"old": measure(os.path.abspath(args.old), args.run, args.slots),
-                "new": measure(new, args.run, args.slots)}
+        pair = {"old": measure(os.path.abspath(args.old), args.run, args.slots, args.cases),
+                "new": measure(new, args.run, args.slots, args.cases)}
         rounds.append(pair)
         for case in pair["new"]:
             o, n = pair["old"][case], pair["new"][case]
