@@ -237,7 +237,7 @@ class Qwen3(nnx.Module):
             h = layer.input_layernorm(x)
             q = layer.self_attn.queries(h, positions)
             k, v = layer.self_attn.keys_values(h, positions)
-            if cache is not None:  # k, v: [batch, kv_heads, max_len, head_dim]
+            if cache is not None:  # k, v: [batch * kv_heads, max_len, head_dim] after the write
                 k = write_kv(cache.k[i], k, cache.lengths)
                 v = write_kv(cache.v[i], v, cache.lengths)
                 new_k.append(k)
