@@ -38,6 +38,59 @@ def torch_side(run, max_new, stops):
     return decode, drafter.block_size, torch.get_num_threads()
 
 
+def torch_pass_costs(run, context=200, reps=50):
+    """Eager PyTorch's target pass over 1, 5 and 16 new tokens on a `context`-token cache (then
+    cropped back), and the drafter's pass over a 16-token block with its logits, each the median of
+    `reps` calls:
+    how a one-token step's time compares with a verification's there."""
+    import statistics
+
+    import torch
+    import transformers
+    from dflash.model import DFlashDraftModel, _crop_to, _make_cache, extract_context_feature
+    target = transformers.AutoModelForCausalLM.from_pretrained(f"{run}/target", dtype=torch.float32).eval()
+    drafter = DFlashDraftModel.from_pretrained(f"{run}/dflash/export").float().eval()
+    ids = torch.randint(10, 2000, (1, context + 16))
+    pos = torch.arange(context + 16)[None]
+
+    def median_ms(fn):
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return round(statistics.median(times) * 1e3, 3)
+    with torch.inference_mode():
+        cache = _make_cache(target.config)
+        out = target(ids[:, :context], position_ids=pos[:, :context], past_key_values=cache, use_cache=True,
+                     output_hidden_states=True)
+        costs = {}
+        for n in (1, 5, 16):
+            def target_pass(n=n):
+                target(ids[:, context:context + n], position_ids=pos[:, context:context + n], past_key_values=cache,
+                       use_cache=True, output_hidden_states=n > 1)
+                _crop_to(cache, context)
+            costs[f"target_{n}_tokens_ms"] = median_ms(target_pass)
+        dcache = _make_cache(drafter.config)
+        hidden = extract_context_feature(out.hidden_states, drafter.target_layer_ids)  # [1, context, taps * H]
+        noise = target.get_input_embeddings()(ids[:, context:context + 16])
+
+        def drafter_pass():  # as dflash_generate runs it: 3 new context tokens, the block, its logits
+            h = drafter(target_hidden=hidden[:, -3:], noise_embedding=noise, position_ids=pos[:, context - 3:context + 16],
+                        past_key_values=dcache, use_cache=True)
+            drafter.compute_logits(h[:, 1:], target.lm_head)
+            _crop_to(dcache, context - 3)
+        # the drafter's context: every token but the newest 3 (a block's keys are cropped off again)
+        drafter(target_hidden=hidden[:, :-3], noise_embedding=noise, position_ids=pos[:, :context + 13],
+                past_key_values=dcache, use_cache=True)
+        _crop_to(dcache, context - 3)
+        costs["drafter_16_block_with_logits_ms"] = median_ms(drafter_pass)
+    one = costs["target_1_tokens_ms"]
+    return {**costs, "context": context,
+            "in_target_steps": {k.replace("_ms", ""): round(v / one, 3) for k, v in costs.items()}}
+
+
 def jax_side(run, prompts, max_new, stops):
     from xpress_jax.checkpoints.hf_drafter import load_drafter
     from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
@@ -129,6 +182,8 @@ def main():
     from xpress_jax.bench.__main__ import machine
     report = {"machine": {**machine(), "torch": torch.__version__, "torch_threads": threads},
               "max_new_tokens": args.max_new_tokens, "rounds": []}
+    report["torch_pass_costs"] = torch_pass_costs(args.run)
+    print("eager PyTorch passes:", report["torch_pass_costs"], flush=True)
     for r in range(args.rounds):
         print(f"\nround {r + 1}")
         report["rounds"].append({ds: measure_set(methods, prompts, ds) for ds, prompts in sets.items()})
