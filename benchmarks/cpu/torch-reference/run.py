@@ -18,14 +18,20 @@ import json
 import time
 
 
-def torch_side(run, max_new, stops):
+def load_torch(run):
+    """The run's exported target (transformers) and DFlash drafter (the official class), float32."""
     import torch
     import transformers
-    from dflash import model as dflash_model
-    from dflash.model import DFlashDraftModel, dflash_generate
-    dflash_model._cuda_time = time.perf_counter  # its stats use torch.cuda.synchronize; a clock does here
+    from dflash.model import DFlashDraftModel
     target = transformers.AutoModelForCausalLM.from_pretrained(f"{run}/target", dtype=torch.float32).eval()
-    drafter = DFlashDraftModel.from_pretrained(f"{run}/dflash/export").float().eval()
+    return target, DFlashDraftModel.from_pretrained(f"{run}/dflash/export").float().eval()
+
+
+def torch_side(target, drafter, max_new, stops):
+    import torch
+    from dflash import model as dflash_model
+    from dflash.model import dflash_generate
+    dflash_model._cuda_time = time.perf_counter  # its stats use torch.cuda.synchronize; a clock does here
 
     def decode(prompt, block):
         t0 = time.perf_counter()
@@ -38,18 +44,14 @@ def torch_side(run, max_new, stops):
     return decode, drafter.block_size, torch.get_num_threads()
 
 
-def torch_pass_costs(run, context=200, reps=50):
+def torch_pass_costs(target, drafter, context=200, reps=50):
     """Eager PyTorch's target pass over 1, 5 and 16 new tokens on a `context`-token cache (then
     cropped back), and the drafter's pass over a 16-token block with its logits, each the median of
-    `reps` calls:
-    how a one-token step's time compares with a verification's there."""
+    `reps` calls: how a one-token step's time compares with a verification's there."""
     import statistics
 
     import torch
-    import transformers
-    from dflash.model import DFlashDraftModel, _crop_to, _make_cache, extract_context_feature
-    target = transformers.AutoModelForCausalLM.from_pretrained(f"{run}/target", dtype=torch.float32).eval()
-    drafter = DFlashDraftModel.from_pretrained(f"{run}/dflash/export").float().eval()
+    from dflash.model import _crop_to, _make_cache, extract_context_feature
     ids = torch.randint(10, 2000, (1, context + 16))
     pos = torch.arange(context + 16)[None]
 
@@ -166,7 +168,8 @@ def main():
     sets = {ds: [prompt_ids(tok, [{"role": "user", "content": q}]) for q in load_questions(ds, args.num_prompts)]
             for ds in args.datasets.split(",")}
     every = [p for ps in sets.values() for p in ps]
-    torch_decode, block, threads = torch_side(args.run, args.max_new_tokens, stops)
+    torch_target, torch_drafter = load_torch(args.run)
+    torch_decode, block, threads = torch_side(torch_target, torch_drafter, args.max_new_tokens, stops)
     jax_decode = jax_side(args.run, every, args.max_new_tokens, stops)
     methods = {
         "torch/target": lambda p: torch_decode(p, 1),
@@ -182,7 +185,7 @@ def main():
     from xpress_jax.bench.__main__ import machine
     report = {"machine": {**machine(), "torch": torch.__version__, "torch_threads": threads},
               "max_new_tokens": args.max_new_tokens, "rounds": []}
-    report["torch_pass_costs"] = torch_pass_costs(args.run)
+    report["torch_pass_costs"] = torch_pass_costs(torch_target, torch_drafter)
     print("eager PyTorch passes:", report["torch_pass_costs"], flush=True)
     for r in range(args.rounds):
         print(f"\nround {r + 1}")
