@@ -3,10 +3,10 @@ here from scratch on GSM8K + standard-library code with a 2,048-token BPE, then 
 drafter, the causal heads and D-Loop trained for it, all on a 2-core CPU (each stage's wall time
 is in benchmarks/tiny/results.json).
 
-The shapes follow the bar in the issue that asked for it: target 6 layers, width 192; drafter 2
-layers; heads of rank 64. The target trains 2,000 steps (about 4.4 epochs, 62-76 minutes here): at
-400 steps (20 minutes) its greedy answers were loops. The drafter trains 720 steps (17-22 minutes):
-at the bar's 8 minutes (240 steps) it was under-trained. Stage budgets are in `reproduce`.
+Shapes: target 6 layers, width 192; drafter 2 layers; heads of rank 64. The target trains 2,000
+steps (about 4.4 epochs, 62-76 minutes here); at 400 steps (20 minutes) its greedy answers loop.
+The drafter trains 720 steps (17-22 minutes); at 240 steps (8 minutes) it is under-trained. Stage
+budgets are in `reproduce`.
 """
 
 import ml_collections
@@ -28,7 +28,7 @@ def get_config() -> ml_collections.ConfigDict:
         data={"max_len": 384},
         mesh_shape=(-1, 1, 1),
         evaluation={"datasets": ("gsm8k", "humaneval", "mt_bench", "alpaca"), "num_prompts": 16,
-                    "max_new_tokens": 192, "jacobi_k": (1, 2, 4, 8, 15), "candidate_k": 8, "time_split": False,
+                    "max_new_tokens": 192, "iteration_sweep": (1, 2, 4, 8, 15), "candidate_k": 8, "time_split": False,
                     "dloop_branches": (1, 4)},
         dtype="float32", target_param_dtype="float32")
     config.reproduce = ml_collections.ConfigDict({

@@ -18,7 +18,7 @@ def get_config():
     config.train.update(batch_size=4, num_anchors=8, anchor_chunk=8, log_every=2, save_every=4)
     config.data.max_len = 192
     config.heads.update(rank=8, gru_hidden=16, proj_dim=16)
-    config.eval.update(datasets=("gsm8k",), num_prompts=2, max_new_tokens=24, jacobi_k=(1, 4),
+    config.eval.update(datasets=("gsm8k",), num_prompts=2, max_new_tokens=24, iteration_sweep=(1, 4),
                        time_split=False, max_prompt_tokens=512, candidate_k=4,
                        dloop_branches=(1, 2))
     config.reproduce.update(regen_records=16, regen_batch_size=8, regen_max_new_tokens=48, drafter_steps=4,

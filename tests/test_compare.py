@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from cli_helpers import run
-from xpress_jax.compare import compare, read_side
+from cli_helpers import invoke, run
+from xpress_jax.compare.pairing import compare, read_side
 from xpress_jax.errors import InputError
-from xpress_jax.significance import paired_tau_ratio
+from xpress_jax.report.significance import paired_tau_ratio
 
 SETTINGS = {"num_prompts": 4, "max_new_tokens": 32, "max_prompt_tokens": 512, "temperature": 0.0, "seed": 0,
             "batch_size": 1}
@@ -83,5 +83,5 @@ def test_cli_prints_the_table_writes_json_and_refuses_in_one_line(tmp_path):
     assert "| gsm8k | " in r.stdout and "| humaneval | " in r.stdout
     saved = json.loads(out.read_text())
     assert saved["results"]["gsm8k"]["ratio"] == pytest.approx(FAST["tau"] / SLOW["tau"], abs=1e-4)
-    r = run("xpress_jax.compare", f"--method={a}:xpress", f"--reference={a}:gru")
+    r = invoke("xpress_jax.compare", f"--method={a}:xpress", f"--reference={a}:gru")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "no method 'gru'" in r.stderr

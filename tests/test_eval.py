@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cli_helpers import run
+from cli_helpers import invoke, run
 from xpress_jax.checkpoints.heads import save_head
 from xpress_jax.data.questions import BENCHMARKS, load_questions
 from xpress_jax.errors import DataError
@@ -35,7 +35,7 @@ def test_question_files_and_errors(tmp_path):
 
 def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
     """Random tiny drafter and heads saved as a checkpoint, evaluated with --check_lossless."""
-    from xpress_jax.assemble import build_models
+    from xpress_jax.models.build import build_models
     from xpress_jax.checkpoints.hf_drafter import save_drafter
     from xpress_jax.cli import DEFAULT_CONFIG, load_config
     config = load_config(DEFAULT_CONFIG)
@@ -45,20 +45,20 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
     for name, head in heads.items():
         save_head(head, str(ckpt), name)
     out = tmp_path / "eval"
-    r = run("xpress_jax.eval", f"--checkpoint={ckpt}", "--heads=dflash,markov,xpress,dloop+xpress",
+    r = run("xpress_jax.eval", f"--checkpoint={ckpt}", "--decoders=dflash,markov,xpress,dloop+xpress",
             "--dloop_branches=2", "--datasets=gsm8k", "--num_prompts=2", "--max_new_tokens=5",
-            "--check_lossless", f"--out={out}", "--config.eval.jacobi_k=(1, 3)", timeout=900)
+            "--check_lossless", f"--out={out}", "--config.eval.iteration_sweep=(1, 3)", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     assert report["checkpoint"] == str(ckpt) and report["drafter_config"]["architectures"] == ["DFlashDraftModel"]
     for ds in ("gsm8k",):
-        for head in ("target", "dflash", "markov", "xpress", "dloop+xpress.K2"):
+        for head in ("target", "dflash", "markov", "xpress", "dloop+xpress.b2"):
             r_h = report["results"][ds][head]
             assert r_h["n_prompts"] == 2 and r_h["new_tokens"] == 10 and r_h["tau"] >= 1.0
             assert r_h["tokens_per_s"] > 0 and r_h["speedup"] > 0
         assert len(report["results"][ds]["xpress"]["accept_per_position"]) == 15
         assert report["results"][ds]["xpress"]["lossless"] is True
-        loop = report["results"][ds]["dloop+xpress.K2"]
+        loop = report["results"][ds]["dloop+xpress.b2"]
         assert loop["lossless"] is True and loop["branches"] == 2 and loop["time_split"]["draft_s"] > 0
         assert 0.0 <= loop["empty_prefix_share"] <= 1.0 and 0.0 <= loop["mean_prefix_kept"] <= 14
         assert "mean_prefix_kept" not in report["results"][ds]["xpress"]
@@ -66,21 +66,21 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
         assert dflash["drafter_repetition_rate"] == dflash["repetition_rate"]  # its block is the drafter's
         split = report["results"][ds]["xpress"]["time_split"]
         assert set(split) == {"prefill_s", "draft_s", "fold_s", "refine_s", "verify_s"} and split["fold_s"] > 0
-        assert set(report["jacobi_sweep"][ds]["xpress"]) == {"1", "3"}
+        assert set(report["iteration_sweep"][ds]["xpress"]) == {"1", "3"}
         assert report["results"][ds]["xpress"]["tau_per_prompt_mean"] >= 1.0
         assert 0.0 <= report["results"][ds]["xpress"]["repetition_rate"] <= 1.0
-    for name in ("results.md", "acceptance.png", "tau_vs_k.png"):
+    for name in ("results.md", "acceptance.png", "tau_vs_iterations.png"):
         assert os.path.getsize(out / name) > 0
 
 
 def test_eval_cli_rejects_unknown_head(tmp_path):
-    r = run("xpress_jax.eval", "--heads=medusa", f"--out={tmp_path}")
+    r = invoke("xpress_jax.eval", "--decoders=medusa", f"--out={tmp_path}")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "eval.heads=['medusa']: expected a tuple of decoders from dflash, markov, gru, xpress, dloop" in r.stderr
+    assert "eval.decoders=['medusa']: expected a tuple of decoders from dflash, markov, gru, xpress, dloop" in r.stderr
 
 
 def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tmp_path):
-    from xpress_jax.assemble import build_target
+    from xpress_jax.models.build import build_target
     from xpress_jax.cli import DEFAULT_CONFIG, load_config
     from xpress_jax.data.byte_tokenizer import ByteTokenizer
     from xpress_jax.data.chat import prompt_ids
@@ -107,7 +107,7 @@ def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tm
 
 def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
     from xpress_jax.errors import InputError
-    from xpress_jax.evaluation import Method, parse_methods
+    from xpress_jax.eval.evaluate import Method, parse_methods
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
@@ -117,13 +117,13 @@ def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
                                                                  Method("markov", "markov", str(a))]
     # D-Loop methods once per K; K = 1 keeps the label
     assert parse_methods([f"dloop={a}", f"dflash={a}"], [], "", branches=(1, 4)) == [
-        Method("dloop", "dloop", str(a), 1), Method("dloop.K4", "dloop", str(a), 4), Method("dflash", "dflash", str(a))]
+        Method("dloop", "dloop", str(a), 1), Method("dloop.b4", "dloop", str(a), 4), Method("dflash", "dflash", str(a))]
     assert parse_methods(None, ["dloop+xpress"], str(a), branches=(2,)) == [
-        Method("dloop+xpress.K2", "dloop+xpress", str(a), 2)]
+        Method("dloop+xpress.b2", "dloop+xpress", str(a), 2)]
     with pytest.raises(InputError, match="dloop_branches must be positive"):
         parse_methods([f"dloop={a}"], [], "", branches=(0,))
     with pytest.raises(InputError, match="labels repeat"):
-        parse_methods([f"dloop={a}", f"dloop.K2={b}"], [], "", branches=(1, 2))
+        parse_methods([f"dloop={a}", f"dloop.b2={b}"], [], "", branches=(1, 2))
     for bad, message in (([f"medusa={a}"], "'medusa' is not a decoder"), (["dflash"], "expected LABEL=DIR"),
                          ([f"dflash={tmp_path / 'nope'}"], "does not exist"),
                          ([f"dflash={a}", f"dflash={b}"], "repeats a label")):
@@ -132,15 +132,15 @@ def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
 
 
 def test_eval_cli_refuses_a_bad_checkpoints_flag(tmp_path):
-    r = run("xpress_jax.eval", f"--checkpoints=target={tmp_path}", f"--out={tmp_path / 'o'}")
+    r = invoke("xpress_jax.eval", f"--checkpoints=target={tmp_path}", f"--out={tmp_path / 'o'}")
     assert r.returncode == 2 and "'target' is not a decoder" in r.stderr and "Traceback" not in r.stderr
     heads_only = tmp_path / "heads_only"  # D-Loop runs the drafter twice: heads alone are not enough
     (heads_only / "heads").mkdir(parents=True)
     (heads_only / "heads" / "xpress.safetensors").write_bytes(b"")
-    r = run("xpress_jax.eval", f"--checkpoints=dloop={heads_only}", f"--out={tmp_path / 'o'}")
+    r = invoke("xpress_jax.eval", f"--checkpoints=dloop={heads_only}", f"--out={tmp_path / 'o'}")
     assert r.returncode == 2 and "no config.json (expected a DFlash drafter directory)" in r.stderr
     assert "Traceback" not in r.stderr
-    r = run("xpress_jax.eval", "--heads=dloop", "--dloop_branches=two", f"--out={tmp_path / 'o'}")
+    r = invoke("xpress_jax.eval", "--decoders=dloop", "--dloop_branches=two", f"--out={tmp_path / 'o'}")
     assert r.returncode == 2 and "--dloop_branches: expected integers" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -148,7 +148,7 @@ def test_the_eval_target_of_the_8b_config_is_held_in_bf16():
     """Eval, generate and sample build the target as training does: target_param_dtype (bf16),
     not the float32 of the trained parts (16.4 GB instead of 32.8 GB for Qwen3-8B)."""
     import math
-    from xpress_jax.assemble import build_target
+    from xpress_jax.models.build import build_target
     from xpress_jax.cli import config_path, load_config
     config = load_config(config_path("qwen3_8b.py"))
     target = nnx.eval_shape(lambda: build_target(config))

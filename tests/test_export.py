@@ -60,7 +60,7 @@ def test_torch_reference_matches_the_jax_refiner_from_the_exported_file(tmp_path
 def drafter_run(tmp_path_factory):
     """A 4-step drafter + XPress run with checkpoints at steps 2 and 4."""
     from train_helpers import train_config
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     out = tmp_path_factory.mktemp("run")
     train(train_config(out, **{"train.steps": "4", "train.save_every": "2", "train.async_checkpointing": "false",
                                "train.keep": "5"}))
@@ -93,7 +93,7 @@ def test_export_any_step_loads_in_the_official_dflash_package(drafter_run, tmp_p
 
 
 def test_export_errors_are_one_line(drafter_run, tmp_path):
-    from cli_helpers import run
+    from cli_helpers import invoke
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     (tmp_path / "a_file").write_text("x")
@@ -110,7 +110,7 @@ def test_export_errors_are_one_line(drafter_run, tmp_path):
         ([f"--run={drafter_run}", f"--out={tmp_path / 'o5'}", "--target"], "target was random"),
     ]
     for args, message in cases:
-        r = run("xpress_jax.export", *args)
+        r = invoke("xpress_jax.export", *args)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
-    ok = run("xpress_jax.export", f"--run={drafter_run}", f"--out={tmp_path / 'full'}", "--overwrite")
+    ok = invoke("xpress_jax.export", f"--run={drafter_run}", f"--out={tmp_path / 'full'}", "--overwrite")
     assert ok.returncode == 0, ok.stderr[-1500:]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from head_fixtures import N, V, inputs, make_head
-from xpress_jax.decoding.jacobi import (candidate_agreement, jacobi_solve, pick_from, sequential_solve,
+from xpress_jax.decoding.jacobi import (jacobi_solve, pick_from, sequential_solve, token_agreement,
                                         top_k_candidates)
 
 
@@ -68,7 +68,7 @@ def test_candidate_mode_with_every_token_equals_full_vocabulary(seed):
         w = folded.candidate_readout(ids)
         cand = jacobi_solve(lambda prev: folded.candidate_logits(s_cand, w, c, prev), s_cand, anchor,
                             max_iters=N, pick=pick_from(ids))
-        agreement = float(candidate_agreement(full.tokens, cand.tokens))
+        agreement = float(token_agreement(full.tokens, cand.tokens))
         if k == V:
             assert agreement == 1.0
         else:  # a restricted choice can only differ where the full winner lies outside the top-k

@@ -1,6 +1,6 @@
 """The decode loop updates its caches in place: no copy of a cache buffer inside the compiled
-`while` body (XLA's CPU compiler once copied every cache buffer four times per step, when the
-cache was 4-D and the attention dots read it through a bitcast; benchmarks/cpu/cache-copies/)."""
+`while` body (with a 4-D cache that the attention dots read through a bitcast, XLA's CPU compiler
+copies every cache buffer four times per step; benchmarks/cpu/cache-copies/)."""
 
 import re
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from train_helpers import train_config
-from xpress_jax.training import losses
-from xpress_jax.training.anchors import eligible, make_blocks, previous_anchor, sample_anchors
+from xpress_jax.train import losses
+from xpress_jax.train.anchors import eligible, make_blocks, previous_anchor, sample_anchors
 
 
 # ---- losses against numpy ----
@@ -96,8 +96,8 @@ def test_anchors_are_distinct_eligible_positions():
 def test_train_loss_terms_match_a_manual_computation(tmp_path):
     """compute_loss's DFlash CE and XPress teacher-forced term, recomputed by hand in numpy."""
     from xpress_jax.models.drafter import block_inputs
-    from xpress_jax.training.step import LossSettings, compute_loss
-    from xpress_jax.assemble import build_target, build_trainable
+    from xpress_jax.train.step import LossSettings, compute_loss
+    from xpress_jax.models.build import build_target, build_trainable
     config = train_config(tmp_path)
     target = build_target(config)
     model = build_trainable(config, target.cfg)

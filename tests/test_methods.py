@@ -31,7 +31,7 @@ def test_every_decoder_names_a_registered_head_and_real_knobs():
 def test_a_new_head_is_one_registry_entry(tmp_path, monkeypatch):
     """'markov2' (the Markov head under another name) is built, trained as a Trainable attribute,
     decoded serially, saved and loaded, and refused knobs it would ignore, with no other change."""
-    from xpress_jax.assemble import build_head, build_trainable, new_head, target_config
+    from xpress_jax.models.build import build_head, build_trainable, new_head, target_config
     from xpress_jax.checkpoints.heads import load_head, save_head
     from xpress_jax.decoding.refine import refine_block
 

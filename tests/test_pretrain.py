@@ -13,7 +13,7 @@ from xpress_jax.data.chat import conversation_to_ids, load_tokenizer, prompt_ids
 from xpress_jax.data.corpus import CODE_INSTRUCTION, build_corpus, is_validation, stdlib_code_records
 from xpress_jax.data.questions import load_questions
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
-from xpress_jax.training.pretrain import PackedBatches, distinct_ngram_ratio, next_token_loss
+from xpress_jax.pretrain.target import PackedBatches, distinct_ngram_ratio, next_token_loss
 
 
 def test_stdlib_code_records_are_humaneval_shaped():
@@ -129,14 +129,14 @@ def test_distinct_ngram_ratio():
 
 def test_a_few_pretraining_steps_lower_the_loss(tmp_path):
     """The jitted step on a repeated batch: the next-token loss falls."""
-    from xpress_jax.training import state as st
-    from xpress_jax.training.pretrain import make_optimizer, make_step
+    from xpress_jax.train import state as st
+    from xpress_jax.pretrain.target import make_step
     import ml_collections
     p = ml_collections.ConfigDict({"lr": 1e-2, "warmup_fraction": 0.1, "final_lr_fraction": 0.1, "grad_clip": 1.0,
                                    "b1": 0.9, "b2": 0.95, "weight_decay": 0.0})
     model = _tiny_qwen3()
     graphdef, params = st.split_params(model)
-    tx, schedule = make_optimizer(p, 30)
+    tx, schedule = st.make_optimizer(p, 30), st.make_schedule(p, 30)
     state = st.init_state(params, tx, 0)
     step = jax.jit(make_step(graphdef, tx, schedule))
     ids = np.tile(np.arange(1, 17, dtype=np.int32), (4, 1))

@@ -13,7 +13,7 @@ from xpress_jax.methods import HEAD_OF
 
 SMOKE = os.path.join(ROOT, "configs", "tiny_repro_smoke.py")
 STAGES = ("dflash", "dflash.more", "xpress", "xpress.frozen", "markov", "gru", "dloop", "dloop+xpress")  # the trained ones
-LABELS = STAGES + ("dloop.K2", "dloop+xpress.K2")  # the evaluated methods (dloop_branches = 1, 2)
+LABELS = STAGES + ("dloop.b2", "dloop+xpress.b2")  # the evaluated methods (dloop_branches = 1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
         assert set(rows) == {"target", *LABELS}
         assert all(rows[label]["lossless"] is True for label in LABELS)
         assert all(rows[label]["tau"] >= 1 and rows[label]["tau_per_prompt_mean"] >= 1 for label in LABELS)
-        assert set(t0["jacobi_sweep"][ds]) == {"xpress", "xpress.frozen"}
+        assert set(t0["iteration_sweep"][ds]) == {"xpress", "xpress.frozen"}
         for label in LABELS:  # every method against dflash on the same prompts, with its interval
             if label != "dflash":
                 c = rows[label]["tau_vs_reference"]
@@ -59,7 +59,7 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
     # the speed passes: the target verifies each block's first 2 drafts, still lossless
     for name in ("T0_v2", "T1_v2"):
         report = json.loads((out / "eval" / name / "results.json").read_text())
-        assert report["settings"]["verify_tokens"] == 2 and not report["jacobi_sweep"]
+        assert report["settings"]["verify_tokens"] == 2 and not report["iteration_sweep"]
         assert set(report["results"]["gsm8k"]) == {"target", *LABELS}
         for label in LABELS:
             row = report["results"]["gsm8k"][label]
@@ -77,7 +77,7 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
             assert c["ratio"] == pytest.approx(rows[label]["tau"] / rows["dflash.more"]["tau"], abs=1e-3)
             assert 0 < c["ci95"][0] <= c["ci95"][1]
     assert "| tau / dflash (95%) | tau / dflash.more (95%) |" in (out / "table.md").read_text()
-    assert t0["results"]["gsm8k"]["dloop.K2"]["branches"] == 2
+    assert t0["results"]["gsm8k"]["dloop.b2"]["branches"] == 2
     assert "| gsm8k | xpress |" in (out / "table.md").read_text() and "| gsm8k | xpress |" in r.stdout
     assert "gsm8k dloop: the verified branch kept" in (out / "table.md").read_text()  # D-Loop's prefixes
     # the console: progress and results, not library INFO lines
@@ -92,7 +92,7 @@ def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("done already") == len(STAGES) + 3 and "running" not in r.stderr
     names = {"results.json", "table.md", "target_pretrain.json", "T0_results.md", "T1_results.md",
-             "T0_acceptance.png", "T0_tau_vs_k.png", "T1_acceptance.png", "T0_v2_results.md"}
+             "T0_acceptance.png", "T0_tau_vs_iterations.png", "T1_acceptance.png", "T0_v2_results.md"}
     assert names <= set(os.listdir(published))
     assert (published / "T0_results.md").read_text() == (out / "eval" / "T0" / "results.md").read_text()
     assert json.loads((published / "target_pretrain.json").read_text())["val_loss"] > 0
@@ -207,9 +207,9 @@ def test_the_e2e_benchmark_runs_on_the_trained_checkpoints(smoke_run, tmp_path):
     assert all(v["tokens_per_s"] > 0 for v in e2e["decode"].values())
     blocks = e2e["real_blocks"]
     assert blocks["blocks"] >= 2 and set(blocks["by_batch"]) == {"1", "2"}
-    assert 1 <= blocks["early_stop_iterations"]["xpress_K4_early_stop"] <= 4
-    assert blocks["early_stop_iterations"]["xpress_K15_early_stop"] <= 15
-    assert 0.0 <= blocks["candidate_agreement_K4"] <= 1.0
+    assert 1 <= blocks["early_stop_iterations"]["xpress_it4_early_stop"] <= 4
+    assert blocks["early_stop_iterations"]["xpress_it15_early_stop"] <= 15
+    assert 0.0 <= blocks["candidate_agreement_it4"] <= 1.0
     assert {"xpress", "xpress.frozen"} <= set(e2e["candidate"])
     assert os.path.getsize(tmp_path / "e2e-speed.png") > 0
     costs = e2e["step_costs"]
@@ -226,7 +226,8 @@ def test_the_e2e_benchmark_runs_on_the_trained_checkpoints(smoke_run, tmp_path):
 def test_a_cached_stage_is_reused_only_while_its_settings_and_inputs_match(tmp_path, monkeypatch):
     """No silent reuse: a finished stage whose config fields changed, or that was built on an
     earlier upstream stage, stops the run with a one-line error naming what changed."""
-    from xpress_jax import cli, reproduction
+    from xpress_jax import cli
+    from xpress_jax.reproduce import stages as reproduction
     from xpress_jax.errors import InputError
 
     ran = []
@@ -269,7 +270,8 @@ def test_a_resumed_stage_reports_the_wall_time_of_all_its_runs(tmp_path, monkeyp
     import itertools
     import types
 
-    from xpress_jax import cli, reproduction
+    from xpress_jax import cli
+    from xpress_jax.reproduce import stages as reproduction
 
     outcomes = iter([KeyboardInterrupt(), {"step": 3, "steps": 10}, {"step": 10, "steps": 10}])
 

@@ -4,8 +4,9 @@ ratio about 95% of the time on data drawn from a known model."""
 import numpy as np
 import pytest
 
-from xpress_jax.evaluation import compare_to_reference, markdown
-from xpress_jax.significance import paired_tau_ratio
+from xpress_jax.eval.metrics import compare_to_reference
+from xpress_jax.eval.report import markdown
+from xpress_jax.report.significance import paired_tau_ratio
 
 
 def test_a_method_equal_to_its_reference_has_ratio_one_and_no_spread():

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from cli_helpers import ROOT, last_json, run
+from cli_helpers import ROOT, invoke, last_json, run
 from xpress_jax.cli import load_config
 from xpress_jax.tools.param_count import component_counts
 
@@ -30,12 +30,12 @@ def test_logit_check_passes_and_fails_by_tolerance(tiny_dirs):
     assert r.returncode == 0, r.stderr
     out = last_json(r.stdout)
     assert out["passed"] and out["max_abs_diff"] < 1e-4 and 0 <= out["kl"] < 1e-8
-    strict = run("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}", "--tolerance=1e-12")
+    strict = invoke("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}", "--tolerance=1e-12")
     assert strict.returncode == 1 and not last_json(strict.stdout)["passed"]
 
 
 def test_logit_check_missing_directory(tmp_path):
-    r = run("xpress_jax.tools.logit_check", f"--hf_dir={tmp_path / 'nope'}")
+    r = invoke("xpress_jax.tools.logit_check", f"--hf_dir={tmp_path / 'nope'}")
     assert r.returncode == 2 and "no config.json" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -53,7 +53,7 @@ def test_sample_on_a_checkpoint_with_a_tokenizer(tmp_path, tiny_dirs, qwen3_toke
                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
     for f in os.listdir(qwen3_tokenizer_dir):
         shutil.copy(os.path.join(qwen3_tokenizer_dir, f), ckpt)
-    r = run("xpress_jax.sample", "--config.sample.max_new_tokens=3", f"--config.target.hf_dir={ckpt}")
+    r = invoke("xpress_jax.sample", "--config.sample.max_new_tokens=3", f"--config.target.hf_dir={ckpt}")
     assert r.returncode == 0, r.stderr
     out = last_json(r.stdout)
     assert out["prompt_tokens"] > 10 and isinstance(out["text"], str)
@@ -67,6 +67,6 @@ def test_sample_on_a_checkpoint_with_a_tokenizer(tmp_path, tiny_dirs, qwen3_toke
     (["--config.target.hf_dir=/no/such/dir"], "no config.json"),
 ])
 def test_cli_reports_bad_config_in_one_line(args, message):
-    r = run("xpress_jax.sample", *args)
+    r = invoke("xpress_jax.sample", *args)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ---- sharding: one step on several meshes equals one device ----
 
 def test_train_step_is_the_same_on_every_mesh(tmp_path):
-    from xpress_jax.training.trainer import Setup
+    from xpress_jax.train.setup import Setup
     rng = np.random.default_rng(0)
     batch = {"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
              "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)}
@@ -48,8 +48,8 @@ def start_train(out_dir, *extra, env_extra=None):
 
 
 def final_params(out_dir, tmp_path):
-    from xpress_jax.training.state_checkpoints import Checkpointer
-    from xpress_jax.training.trainer import Setup
+    from xpress_jax.train.checkpointer import Checkpointer
+    from xpress_jax.train.setup import Setup
     setup = Setup(train_config(out_dir, **{"train.steps": "12"}), abstract=False)
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), save_every=1, keep=10)
     state, _ = ckpt.restore(ckpt.latest_step(), setup.abstract_state)
@@ -83,12 +83,12 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
 
 
 def test_a_half_written_checkpoint_is_never_the_latest(tmp_path):
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     train(train_config(tmp_path, **{"train.steps": "4", "train.save_every": "2"}))
     ckpt_dir = tmp_path / "checkpoints"
     import shutil
     shutil.copytree(ckpt_dir / "4", ckpt_dir / "6.orbax-checkpoint-tmp-1234567")  # a save cut off mid-write
-    from xpress_jax.training.state_checkpoints import Checkpointer
+    from xpress_jax.train.checkpointer import Checkpointer
     assert Checkpointer(str(ckpt_dir), save_every=2, keep=3).latest_step() == 4
 
 
@@ -121,7 +121,7 @@ def predictable_data(path, n=400):
 
 
 def test_a_few_hundred_steps_lower_the_loss_and_raise_acceptance(tmp_path):
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     data = predictable_data(tmp_path / "abc.jsonl")
     result = train(train_config(tmp_path, **{"train.steps": "240", "train.save_every": "1000",
                                              "train.async_checkpointing": "false", "data.max_len": "128",
@@ -139,7 +139,8 @@ def test_a_few_hundred_steps_lower_the_loss_and_raise_acceptance(tmp_path):
 
 
 def test_nan_steps_are_skipped_then_stop_the_run(tmp_path):
-    from xpress_jax.training.trainer import TrainingStopped, train
+    from xpress_jax.train.loop import TrainingStopped
+    from xpress_jax.train.run import train
     with pytest.raises(TrainingStopped, match="5 non-finite steps in a row"):
         train(train_config(tmp_path, **{"train.steps": "20", "train.lr": "1e30", "train.save_every": "2"}))
 
@@ -156,7 +157,7 @@ def test_data_without_assistant_tokens_is_refused(tmp_path):
 
 
 def test_checkpoint_of_another_shape_is_refused(tmp_path):
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     train(train_config(tmp_path, **{"train.steps": "2", "train.save_every": "1"}))
     with pytest.raises(ConfigError, match=r"heads\.rank: 16 -> 8; train\.steps: 2 -> 4"):
         train(train_config(tmp_path, **{"train.steps": "4", "heads.rank": "8"}))
@@ -170,15 +171,15 @@ def test_bad_configs_fail_clearly(tmp_path):
     r = subprocess.run([sys.executable, "-m", "xpress_jax.train", "--config.train.nope=1"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown config key 'train.nope'" in r.stderr and "Traceback" not in r.stderr
-    from xpress_jax.training.trainer import loss_settings
+    from xpress_jax.train.setup import loss_settings
     with pytest.raises(ConfigError, match="D-Loop trains the drafter alone"):
         loss_settings(train_config(tmp_path, **{"train.loss.dloop": "1.0"}))
 
 
 def test_restore_onto_a_different_mesh(tmp_path):
     """Saved from a (8,1,1) mesh, restored onto (2,2,2): same values, the new mesh's shardings."""
-    from xpress_jax.training.state_checkpoints import Checkpointer
-    from xpress_jax.training.trainer import Setup
+    from xpress_jax.train.checkpointer import Checkpointer
+    from xpress_jax.train.setup import Setup
     rng = np.random.default_rng(1)
     batch = {"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
              "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)}
@@ -220,8 +221,8 @@ def test_array_record_files_are_read(tmp_path):
 def test_xpress_training_does_not_count_the_drafter_ce_twice(tmp_path):
     """With the xpress head, the drafter-anchor term (CE + TV on p^b) is the drafter's loss; DFlash's
     CE is logged but added only with train.loss.dflash_ce_with_xpress."""
-    from xpress_jax.training.step import LossSettings, compute_loss
-    from xpress_jax.assemble import build_target, build_trainable
+    from xpress_jax.train.step import LossSettings, compute_loss
+    from xpress_jax.models.build import build_target, build_trainable
     config = train_config(tmp_path)
     target = build_target(config)
     model = build_trainable(config, target.cfg)
@@ -237,7 +238,7 @@ def test_xpress_training_does_not_count_the_drafter_ce_twice(tmp_path):
 
 
 def _flat(module):
-    from xpress_jax.training.state import flat_params
+    from xpress_jax.train.state import flat_params
     return {k: np.asarray(v) for k, v in flat_params(module).items()}
 
 
@@ -246,7 +247,8 @@ def test_init_from_a_trained_drafter_trains_only_the_heads(tmp_path):
     exported one, the head learns; a head found in DIR/heads/ is loaded too."""
     from xpress_jax.checkpoints.heads import load_head
     from xpress_jax.checkpoints.hf_drafter import load_drafter
-    from xpress_jax.training.trainer import Setup, initial_params, train
+    from xpress_jax.train.run import initial_params, train
+    from xpress_jax.train.setup import Setup
     common = {"train.steps": "3", "train.save_every": "1000", "train.async_checkpointing": "false"}
     first = tmp_path / "drafter"
     train(train_config(first, **common, **{"train.trainable": "drafter", "train.heads": "()"}))
@@ -276,7 +278,7 @@ def test_a_frozen_drafter_is_not_differentiated(tmp_path):
     """trainable=heads: the step takes no gradient through the frozen drafter (fewer flops), and
     its update is the one a full backward pass gives: same heads, same untouched drafter."""
     from xpress_jax.bench.train import compiled_flops, full_backward_step
-    from xpress_jax.training.trainer import Setup
+    from xpress_jax.train.setup import Setup
     config = train_config(tmp_path, **{"data.max_len": "64", "train.steps": "10", "train.trainable": "heads",
                                        "train.heads": "('markov', 'xpress')"})
     setup = Setup(config, abstract=False)
@@ -306,12 +308,12 @@ def test_a_frozen_drafter_is_not_differentiated(tmp_path):
 
 def nnx_abstract_markov(setup):
     from flax import nnx
-    from xpress_jax.training.state import merge
+    from xpress_jax.train.state import merge
     return nnx.eval_shape(lambda: merge(setup.graphdef, setup.params).markov)
 
 
 def test_init_from_a_drafter_of_another_shape_is_refused(tmp_path):
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     common = {"train.steps": "1", "train.save_every": "1000", "train.async_checkpointing": "false"}
     train(train_config(tmp_path / "a", **common, **{"train.trainable": "drafter", "train.heads": "()"}))
     config = train_config(tmp_path / "b", **common, **{"drafter.num_layers": "2",

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cli_helpers import ROOT, run
+from cli_helpers import ROOT, invoke, run
 from train_helpers import override_args, train_config
 from xpress_jax.cli import load_config, with_overrides
 from xpress_jax.config_schema import RULES, check_config, leaves
@@ -32,7 +32,7 @@ def test_every_field_of_every_shipped_config_has_a_rule_and_passes():
     ("train.batch_size", "0", "train.batch_size=0: expected an integer >= 1"),
     ("train.num_anchors", "0", "train.num_anchors=0"),
     ("train.save_every", "0", "train.save_every=0"),
-    ("train.steps", "-5", "train.steps=-5: expected an integer >= 0"),  # no longer "6 epochs"
+    ("train.steps", "-5", "train.steps=-5: expected an integer >= 0"),
     ("mesh.shape", "4", "mesh.shape=(4,): expected a tuple of 3 sizes"),
     ("mesh.shape", "(0, 1, 1)", "mesh.shape=(0, 1, 1)"),
     ("mesh.shape", "(-1, -1, 1)", "at most once"),
@@ -54,23 +54,23 @@ def test_the_cli_refuses_before_building_or_writing_anything(tmp_path):
     out = tmp_path / "run"
     for args, message in (
             (["--config.train.batch_size=0"], "train.batch_size=0"),
-            (["--config.mesh.shape=(2,1,1)"], "needs 2 devices, have 1"),
+            (["--config.mesh.shape=(16,1,1)"], "needs 16 devices, have 8"),
             (["--config.train.num_anchors=0"], "train.num_anchors=0")):
-        r = run("xpress_jax.train", f"--config.train.out_dir={out}", *args)
+        r = invoke("xpress_jax.train", f"--config.train.out_dir={out}", *args)
         assert r.returncode == 2, r.stderr[-2000:]
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert lines[0].startswith("error: ") and message in lines[0] and "Traceback" not in r.stderr
         assert not out.exists()
     broken = tmp_path / "broken.py"
     broken.write_text("def get_config(:\n")
-    r = run("xpress_jax.train", f"--config={broken}")
+    r = invoke("xpress_jax.train", f"--config={broken}")
     assert r.returncode == 2 and f"config file {broken}, line 1" in r.stderr and "Traceback" not in r.stderr
-    r = run("xpress_jax.eval", "--num_prompts=0", f"--out={tmp_path / 'eval'}")
+    r = invoke("xpress_jax.eval", "--num_prompts=0", f"--out={tmp_path / 'eval'}")
     assert r.returncode == 2 and "eval.num_prompts=0" in r.stderr and not (tmp_path / "eval").exists()
 
 
 def test_resuming_with_another_config_is_refused_and_the_record_kept(tmp_path):
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     train(train_config(tmp_path, **{"train.steps": "4", "train.save_every": "2"}), stop_after=2)
     record = (tmp_path / "config.json").read_text()
     for key, value in (("train.batch_size", "4"), ("train.lr", "0.001"), ("seed", "3"), ("data.max_len", "128")):
@@ -81,8 +81,8 @@ def test_resuming_with_another_config_is_refused_and_the_record_kept(tmp_path):
     train(train_config(tmp_path, **{"train.steps": "4", "train.save_every": "2", "train.log_every": "2"}))
     assert (tmp_path / "config.json").read_text() == record
     # a deliberate change is accepted and recorded beside the original
-    r = run("xpress_jax.train", *override_args(tmp_path, **{"train.steps": "6", "train.save_every": "2",
-                                                            "train.allow_config_change": "true"}))
+    r = invoke("xpress_jax.train", *override_args(tmp_path, **{"train.steps": "6", "train.save_every": "2",
+                                                               "train.allow_config_change": "true"}))
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "config.json").read_text() == record
     assert json.loads((tmp_path / "config.resumed_at_4.json").read_text())["train"]["steps"] == 6
@@ -99,7 +99,7 @@ def _corrupt(step_dir):
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_and_resumes_exactly(tmp_path, capsys):
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     settings = {"train.steps": "6", "train.save_every": "2", "train.async_checkpointing": "false"}
     straight = train(train_config(tmp_path / "straight", **settings))
     run_dir = tmp_path / "broken"
@@ -132,7 +132,7 @@ def test_broken_checkpoint_files_are_named(tmp_path):
     target = tmp_path / "target"
     target.mkdir()
     (target / "config.json").write_text("{")
-    r = run("xpress_jax.sample", f"--config.target.hf_dir={target}")
+    r = invoke("xpress_jax.sample", f"--config.target.hf_dir={target}")
     assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -172,7 +172,7 @@ def test_a_process_that_never_arrives_is_named(tmp_path):
 def test_a_failed_save_names_its_step_and_the_last_good_one(tmp_path, monkeypatch):
     import orbax.checkpoint as ocp
 
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     real_save = ocp.CheckpointManager.save
 
     def disk_full_at_4(self, step, *args, **kwargs):
@@ -190,9 +190,9 @@ def test_bad_data_or_checkpoints_leave_no_run_directory(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n[1, 2]\n")
     out = tmp_path / "run"
-    r = run("xpress_jax.train", f"--config.train.out_dir={out}", f"--config.data.train_files=('{bad}',)")
+    r = invoke("xpress_jax.train", f"--config.train.out_dir={out}", f"--config.data.train_files=('{bad}',)")
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and f"{bad}:2: a record must be a JSON object" in lines[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not out.exists()
-    r = run("xpress_jax.eval", f"--checkpoints=dflash={tmp_path}", f"--out={tmp_path / 'eval' / 'x'}")
+    r = invoke("xpress_jax.eval", f"--checkpoints=dflash={tmp_path}", f"--out={tmp_path / 'eval' / 'x'}")
     assert r.returncode == 2 and "no config.json" in r.stderr and not (tmp_path / "eval").exists()

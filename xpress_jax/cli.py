@@ -17,7 +17,7 @@ import warnings
 from typing import Callable
 
 import ml_collections
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from xpress_jax.config_schema import check_config
@@ -104,7 +104,7 @@ def define_config_flag(flag_values: flags.FlagValues, argv: list[str], default: 
         raise ConfigError(f"--config: {e}") from None
 
 
-def config_file(flag_values: flags.FlagValues = flags.FLAGS) -> str:
+def config_file(flag_values: flags.FlagValues) -> str:
     """The config file the command line named (or the default), once flags are parsed."""
     return config_flags.get_config_filename(flag_values["config"])
 
@@ -127,9 +127,9 @@ def with_overrides(path: str, **overrides) -> ml_collections.ConfigDict:
     return parse_config(path, [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
-def _fail(message: str, code: int = 2):
+def _refuse(message: str) -> int:
     sys.stderr.write(f"error: {message}\nRun with --help for usage.\n")
-    sys.exit(code)
+    return 2
 
 
 def quiet_console() -> None:
@@ -182,32 +182,58 @@ def _discard_logs_of_refused_run() -> None:
                     os.rmdir(d)
 
 
-def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str | None = None) -> None:
-    """Parses flags and the config, then calls main(config); user errors print one line."""
-    # CPU XLA cannot donate buffers; the warning says nothing useful there.
-    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+def _close_log_files(refused: bool) -> None:
+    if refused:
+        _discard_logs_of_refused_run()
+    for handler, *_ in _LOG_FILES:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    _LOG_FILES.clear()
+
+
+def usage(main: Callable, flag_values: flags.FlagValues) -> str:
+    """The command's docstring (what it does, example lines) and its flags."""
+    doc = (sys.modules[main.__module__].__doc__ or "").strip()
+    return f"{doc}\n\nFlags:\n{flag_values.get_help()}\n"
+
+
+def invoke(main: Callable[[ml_collections.ConfigDict], int | None], flag_values: flags.FlagValues,
+           argv: list[str], default_config: str | None = None) -> int:
+    """One run of a command: parses `argv` (program name first) into the command's own
+    `flag_values` plus `--config`, checks the config, calls main(config) and returns the exit code:
+    0, what main returned or exited with, or 2 after one line on stderr for bad input (a flag, a
+    config field, a path). Tests call it in-process; `run` is the entry point."""
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")  # CPU XLA never donates
+    flag_values.unparse_flags()  # a second invocation in one process starts from the defaults
+    for name in [n for n in flag_values if n == "config" or n.startswith("config.")]:
+        delattr(flag_values, name)  # --config and its overrides are defined anew for this command line
+    refused = False
     try:
-        define_config_flag(flags.FLAGS, sys.argv, default_config or DEFAULT_CONFIG)
-    except XpressError as e:
-        _fail(str(e))
-
-    def parse(argv):
+        define_config_flag(flag_values, argv, default_config or DEFAULT_CONFIG)
+        if any(a in ("--help", "-h", "--helpfull", "--helpshort") for a in argv[1:]):
+            print(usage(main, flag_values))
+            return 0
         try:
-            rest = flags.FLAGS(argv)
+            rest = flag_values(argv)
         except flags.Error as e:
-            _fail(str(e))
+            return _refuse(str(e))
         if len(rest) > 1:
-            _fail(f"unexpected arguments: {rest[1:]}")
-        return rest
+            return _refuse(f"unexpected arguments: {rest[1:]}")
+        quiet_console()
+        config = flag_values.config
+        check_config(config)  # before anything is built or written
+        return int(main(config) or 0)
+    except (XpressError, FileNotFoundError) as e:
+        refused = True  # a refused run leaves no log file behind
+        return _refuse(str(e))
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else _refuse(str(e.code)))
+    finally:
+        _close_log_files(refused)
 
-    def guarded(argv):
-        quiet_console()  # after app.run installed absl's handler
-        try:
-            config = flags.FLAGS.config
-            check_config(config)  # before anything is built or written
-            return main(config)
-        except (XpressError, FileNotFoundError) as e:
-            _discard_logs_of_refused_run()
-            _fail(str(e))
 
-    app.run(guarded, flags_parser=parse)
+def run(main: Callable[[ml_collections.ConfigDict], int | None], flag_values: flags.FlagValues,
+        default_config: str | None = None) -> None:
+    """The entry point of `python -m xpress_jax.COMMAND`: `invoke` on sys.argv, then exit with its code."""
+    flags.FLAGS.mark_as_parsed()  # absl's own flags (logging verbosity) keep their defaults
+    sys.exit(invoke(main, flag_values, sys.argv, default_config))

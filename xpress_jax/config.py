@@ -6,6 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_collections
 
+from xpress_jax.models.drafter import DFLASH_BLOCK_SIZE, DFLASH_DRAFT_LAYERS, QWEN3_MASK_TOKEN_ID
+
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -21,8 +23,8 @@ def target_arch(**fields) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({"hf_dir": "", "arch": fields})
 
 
-def drafter_section(num_layers: int = 5, target_layer_ids=(), block_size: int = 16,
-                    mask_token_id: int = 151669) -> ml_collections.ConfigDict:
+def drafter_section(num_layers: int = DFLASH_DRAFT_LAYERS, target_layer_ids=(), block_size: int = DFLASH_BLOCK_SIZE,
+                    mask_token_id: int = QWEN3_MASK_TOKEN_ID) -> ml_collections.ConfigDict:
     """A `drafter` section; empty target_layer_ids means DFlash's default spacing."""
     return ml_collections.ConfigDict({"num_layers": num_layers, "target_layer_ids": tuple(target_layer_ids),
                                       "block_size": block_size, "mask_token_id": mask_token_id})
@@ -31,6 +33,65 @@ def drafter_section(num_layers: int = 5, target_layer_ids=(), block_size: int = 
 def heads_section(rank: int = 256, gru_hidden: int = 256, proj_dim: int = 256) -> ml_collections.ConfigDict:
     """Sizes of the causal heads (XPress refiner and the Markov / GRU baselines)."""
     return ml_collections.ConfigDict({"rank": rank, "gru_hidden": gru_hidden, "proj_dim": proj_dim})
+
+
+def run_section(*layers: dict | None) -> dict:
+    """What every training run reads (`train` and `pretrain` alike): steps and batch, the optimizer
+    (AdamW with warmup + cosine and global-norm clipping), logging and the checkpoint policy, here
+    once; each section's own fields and a config file's overrides are layered on top, in order."""
+    section = {"steps": 0, "batch_size": 16, "lr": 6e-4, "warmup_fraction": 0.04, "final_lr_fraction": 0.0,
+               "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.0, "log_every": 20, "save_every": 1000,
+               "keep": 3, "async_checkpointing": True, "max_bad_steps": 5, "out_dir": "runs/train"}
+    for layer in layers:
+        section.update(layer or {})
+    return section
+
+
+def drafter_training() -> dict:
+    """The `train` section's own fields (beside `run_section`'s): the DFlash recipe's anchors and
+    the losses. `train.step.LossSettings` takes its defaults from here."""
+    return dict(
+        epochs=6, trainable="all", heads=("xpress",), num_anchors=512, anchor_chunk=32, remat=True, distributed=False,
+        # resuming with a different batch size, lr, seed, data... breaks exact resume and is refused;
+        # True accepts it deliberately (the change is recorded beside the original config.json)
+        allow_config_change=False,
+        # a trained drafter to start from (DFlash layout: ours or a published one) and heads from
+        # its heads/ folder where present; empty: random initialisation
+        init_from="",
+        loss={"gamma": 7.0, "dflash_ce": 1.0, "tv": 1.0, "xpress_teacher_forced": 1.0, "xpress_anchor": 1.0,
+              # the paper's consistency term; 0 gave +3-4% tau on held-out prompts for a refiner
+              # on a frozen tiny drafter (README, "The heads' budget")
+              "xpress_consistency": 1.0, "markov": 1.0, "gru": 1.0, "dloop": 0.0, "dloop_beta": 0.8,
+              "dloop_tau_s": 7.0,
+              # XPress as the paper writes it: when the xpress head trains, its drafter-anchor term
+              # (CE + TV on p^b) is the drafter's loss, so DFlash's CE on p^b is not added again
+              # (it would count that CE twice); True adds it anyway
+              "dflash_ce_with_xpress": False})
+
+
+def evaluation_defaults() -> dict:
+    """The `eval` section. `eval.settings.EvalSettings` has these fields, and the decoder knobs
+    among them are `decoding.settings.DecodeSettings`'s defaults."""
+    return {
+        "datasets": ("gsm8k",), "decoders": ("dflash", "markov", "gru", "xpress"), "num_prompts": 80,
+        "max_new_tokens": 2048, "temperature": 0.0, "batch_size": 1, "seed": 0,
+        "max_iters": 4,  # XPress's Jacobi iterations per block
+        "early_stop": True,  # end the Jacobi loop at the fixed point
+        "top_k": 0,  # > 0: XPress candidate mode over the drafter's top-k per position
+        "iteration_sweep": (1, 2, 4, 8, 15),  # XPress again at each iteration count: tau against iterations
+        "out_dir": "runs/eval",
+        # longer prompts are skipped and counted in results.json, never cut
+        "max_prompt_tokens": 1024,
+        "time_split": True,  # per-component timings (separately compiled calls)
+        "candidate_k": 0,  # > 0: also measure XPress candidate mode (top-k) against the exact refiner
+        # D-Loop's branches (prefixes regenerated and verified together): each dloop method is
+        # measured at each count, labelled label.b4 for 4
+        "dloop_branches": (1,),
+        # draft tokens the target verifies per step, the block's first ones (0: all B-1). The
+        # drafter still runs its whole block; its LM head, the head's causal solve and the
+        # target's pass (whose cost grows with its length) cover only these. Lossless at any value.
+        "verify_tokens": 0,
+    }
 
 
 def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.ConfigDict,
@@ -48,46 +109,15 @@ def dflash_recipe(*, target: ml_collections.ConfigDict, drafter: ml_collections.
     config.target = target
     config.drafter = drafter
     config.heads = heads
-    config.train = ml_collections.ConfigDict({
-        "steps": 0, "epochs": 6, "batch_size": 16, "lr": 6e-4, "warmup_fraction": 0.04, "final_lr_fraction": 0.0,
-        "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.0, "trainable": "all", "heads": ("xpress",),
-        "num_anchors": 512, "anchor_chunk": 32, "remat": True, "log_every": 20, "save_every": 1000, "keep": 3,
-        "async_checkpointing": True, "max_bad_steps": 5, "distributed": False, "out_dir": "runs/train",
-        # resuming with a different batch size, lr, seed, data... breaks exact resume and is refused;
-        # True accepts it deliberately (the change is recorded beside the original config.json)
-        "allow_config_change": False,
-        # a trained drafter to start from (DFlash layout: ours or a published one) and heads from
-        # its heads/ folder where present; empty: random initialisation
-        "init_from": "",
-        "loss": {"gamma": 7.0, "dflash_ce": 1.0, "tv": 1.0, "xpress_teacher_forced": 1.0, "xpress_anchor": 1.0,
-                 # the paper's consistency term; 0 gave +3-4% tau on held-out prompts for a refiner
-                 # on a frozen tiny drafter (README, "The heads' budget")
-                 "xpress_consistency": 1.0, "markov": 1.0, "gru": 1.0, "dloop": 0.0, "dloop_beta": 0.8,
-                 "dloop_tau_s": 7.0,
-                 # XPress as the paper writes it: when the xpress head trains, its drafter-anchor term
-                 # (CE + TV on p^b) is the drafter's loss, so DFlash's CE on p^b is not added again
-                 # (it would count that CE twice); True adds it anyway
-                 "dflash_ce_with_xpress": False},
-        **(train or {})})
+    config.train = ml_collections.ConfigDict(run_section(drafter_training(), train))
     config.data = ml_collections.ConfigDict({"train_files": (), "tokenizer_dir": "", "max_len": 3072, **(data or {})})
     config.mesh = ml_collections.ConfigDict({"shape": tuple(mesh_shape)})  # (data, fsdp, tensor); -1: the rest
-    config.eval = ml_collections.ConfigDict({
-        "datasets": ("gsm8k",), "heads": ("dflash", "markov", "gru", "xpress"), "num_prompts": 80,
-        "max_new_tokens": 2048, "temperature": 0.0, "batch_size": 1, "seed": 0, "max_iters": 4, "early_stop": True,
-        "top_k": 0, "jacobi_k": (1, 2, 4, 8, 15), "out_dir": "runs/eval",
-        # longer prompts are skipped and counted in results.json, never cut
-        "max_prompt_tokens": 1024,
-        "time_split": True,  # per-component timings (separately compiled calls)
-        "candidate_k": 0,  # > 0: also measure XPress candidate mode (top-k) against the exact refiner
-        "dloop_branches": (1,),  # D-Loop's K: each dloop method is measured at each (label.K4 for K = 4)
-        "verify_tokens": 0,  # draft tokens the target verifies per step, the block's first ones (0: all B-1)
-        **(evaluation or {})})
+    config.eval = ml_collections.ConfigDict({**evaluation_defaults(), **(evaluation or {})})
     # training the target itself (python -m xpress_jax.pretrain): the tiny reproduction's target
-    config.pretrain = ml_collections.ConfigDict({
-        "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_fraction": 0.05, "final_lr_fraction": 0.1,
-        "grad_clip": 1.0, "b1": 0.9, "b2": 0.95, "weight_decay": 0.1, "max_len": 384, "vocab_size": 2048,
-        "code_functions": 4000, "val_fraction": 0.02, "save_every": 200, "log_every": 20,
-        "report_prompts": 16, "report_max_new_tokens": 192, "out_dir": "runs/pretrain", **(pretrain or {})})
+    config.pretrain = ml_collections.ConfigDict(run_section(dict(
+        steps=1000, batch_size=32, lr=3e-3, warmup_fraction=0.05, final_lr_fraction=0.1, weight_decay=0.1,
+        save_every=200, keep=2, out_dir="runs/pretrain", max_len=384, vocab_size=2048, code_functions=4000,
+        val_fraction=0.02, report_prompts=16, report_max_new_tokens=192), pretrain))
     config.sample = ml_collections.ConfigDict(
         {"prompt": "Write a haiku about speculative decoding.", "max_new_tokens": 64, "max_len": 4096})
     return config

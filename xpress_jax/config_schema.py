@@ -21,7 +21,7 @@ Rule = Callable[[Any], str | None]  # the value -> None if fine, else what is al
 
 DTYPE_NAMES = tuple(DTYPES)
 HEAD_NAMES = tuple(HEADS)  # trainable heads
-DECODER_NAMES = SPEC_DECODERS  # what eval.heads may list
+DECODER_NAMES = SPEC_DECODERS  # what eval.decoders may list
 
 
 def _is_int(v) -> bool:
@@ -112,16 +112,11 @@ RULES: dict[str, Rule] = {
     "drafter.mask_token_id": _nonneg_int,
     "heads.rank": _pos_int, "heads.gru_hidden": _pos_int, "heads.proj_dim": _pos_int,
     # train.steps 0 means "by epochs" (train.epochs over the data)
-    "train.steps": _nonneg_int, "train.epochs": _pos_int, "train.batch_size": _pos_int,
-    "train.lr": number(0.0, lo_open=True), "train.warmup_fraction": _beta, "train.final_lr_fraction": _fraction,
-    "train.grad_clip": number(0.0, lo_open=True), "train.b1": _beta, "train.b2": _beta,
-    "train.weight_decay": _weight, "train.trainable": one_of("all", "drafter", "heads"),
+    "train.steps": _nonneg_int, "train.epochs": _pos_int,
+    "train.trainable": one_of("all", "drafter", "heads"),
     "train.heads": sequence(one_of(*HEAD_NAMES), unique=True, what=f"heads from {', '.join(HEAD_NAMES)}"),
     "train.num_anchors": _pos_int, "train.anchor_chunk": _pos_int, "train.remat": boolean,
-    "train.log_every": _pos_int, "train.save_every": _pos_int, "train.keep": _pos_int,
-    "train.async_checkpointing": boolean, "train.max_bad_steps": _pos_int, "train.distributed": boolean,
-    "train.out_dir": text(nonempty=True), "train.init_from": text(),
-    "train.allow_config_change": boolean,
+    "train.distributed": boolean, "train.init_from": text(), "train.allow_config_change": boolean,
     "train.loss.gamma": number(0.0, lo_open=True), "train.loss.dflash_ce": _weight, "train.loss.tv": _weight,
     "train.loss.xpress_teacher_forced": _weight, "train.loss.xpress_anchor": _weight,
     "train.loss.xpress_consistency": _weight, "train.loss.markov": _weight, "train.loss.gru": _weight,
@@ -131,21 +126,17 @@ RULES: dict[str, Rule] = {
     "data.max_len": integer(2),
     "mesh.shape": mesh_shape,
     "eval.datasets": sequence(text(nonempty=True), nonempty=True, what="dataset names or paths"),
-    "eval.heads": sequence(one_of(*DECODER_NAMES), unique=True, what=f"decoders from {', '.join(DECODER_NAMES)}"),
+    "eval.decoders": sequence(one_of(*DECODER_NAMES), unique=True, what=f"decoders from {', '.join(DECODER_NAMES)}"),
     "eval.num_prompts": _pos_int, "eval.max_new_tokens": _pos_int, "eval.temperature": number(0.0),
     "eval.batch_size": _pos_int, "eval.seed": _nonneg_int, "eval.max_iters": _pos_int, "eval.early_stop": boolean,
     "eval.verify_tokens": _nonneg_int,
-    "eval.top_k": _nonneg_int, "eval.jacobi_k": sequence(_pos_int, what="iteration counts >= 1"),
+    "eval.top_k": _nonneg_int, "eval.iteration_sweep": sequence(_pos_int, what="iteration counts >= 1"),
     "eval.out_dir": text(nonempty=True), "eval.max_prompt_tokens": _pos_int, "eval.time_split": boolean,
     "eval.candidate_k": _nonneg_int,
     "eval.dloop_branches": sequence(_pos_int, nonempty=True, unique=True, what="branch counts >= 1"),
-    "pretrain.steps": _pos_int, "pretrain.batch_size": _pos_int, "pretrain.lr": number(0.0, lo_open=True),
-    "pretrain.warmup_fraction": _beta, "pretrain.final_lr_fraction": _fraction,
-    "pretrain.grad_clip": number(0.0, lo_open=True), "pretrain.b1": _beta, "pretrain.b2": _beta,
-    "pretrain.weight_decay": _weight, "pretrain.max_len": integer(2), "pretrain.vocab_size": integer(300),
+    "pretrain.steps": _pos_int, "pretrain.max_len": integer(2), "pretrain.vocab_size": integer(300),
     "pretrain.code_functions": _nonneg_int, "pretrain.val_fraction": number(0.0, 1.0, lo_open=True, hi_open=True),
-    "pretrain.save_every": _pos_int, "pretrain.log_every": _pos_int, "pretrain.report_prompts": _nonneg_int,
-    "pretrain.report_max_new_tokens": _pos_int, "pretrain.out_dir": text(nonempty=True),
+    "pretrain.report_prompts": _nonneg_int, "pretrain.report_max_new_tokens": _pos_int,
     "sample.prompt": text(nonempty=True), "sample.max_new_tokens": _pos_int, "sample.max_len": _pos_int,
     "reproduce.out_dir": text(nonempty=True), "reproduce.regen_records": _pos_int,
     "reproduce.regen_batch_size": _pos_int, "reproduce.regen_max_new_tokens": _pos_int,
@@ -153,6 +144,16 @@ RULES: dict[str, Rule] = {
     "reproduce.temperatures": sequence(number(0.0), nonempty=True, what="temperatures >= 0"),
     "reproduce.speed_verify_tokens": _nonneg_int,
 }
+
+
+# the fields every training run has (config.run_section), in `train` and `pretrain` alike
+RUN_RULES: dict[str, Rule] = {
+    "batch_size": _pos_int, "lr": number(0.0, lo_open=True), "warmup_fraction": _beta,
+    "final_lr_fraction": _fraction, "grad_clip": number(0.0, lo_open=True), "b1": _beta, "b2": _beta,
+    "weight_decay": _weight, "log_every": _pos_int, "save_every": _pos_int, "keep": _pos_int,
+    "async_checkpointing": boolean, "max_bad_steps": _pos_int, "out_dir": text(nonempty=True),
+}
+RULES.update({f"{section}.{key}": rule for section in ("train", "pretrain") for key, rule in RUN_RULES.items()})
 
 
 def leaves(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Each suite writes DIR/SUITE.json (date, device, jax version, shapes, every figure) and its PNG
 plots, and prints a short summary. `--config` gives the shapes of the heads suite and the large
 config of the train suite's memory report (default configs/qwen3_8b.py). The e2e suite projects
-early stop's latency onto the heads suite's latency-vs-K line: from the same run, or from the
+early stop's latency onto the heads suite's latency-vs-iterations line: from the same run, or from the
 heads.json an earlier run left in DIR. The decode suite times one decode-loop step of every
 decoder against target-only decoding on random weights at `--decode_config`'s shapes (default
 configs/tiny_repro.py, with `--decode_set` overrides): the tau each must reach to break even on
@@ -19,33 +19,44 @@ import platform
 
 from absl import flags
 
-from xpress_jax import cli, files
+from xpress_jax import atomic, cli
 
 SUITES = ("heads", "e2e", "decode", "train")
-flags.DEFINE_enum("suite", "heads", SUITES + ("all",), "Which benchmarks to run.")
-flags.DEFINE_string("out", "benchmarks/cpu", "Directory for the JSON results and plots.")
-flags.DEFINE_integer("reps", 5, "Timed repetitions per call (heads, e2e: the median is reported; decode: the fastest).")
-flags.DEFINE_list("batches", ["1", "8"], "Batch sizes of the heads and e2e suites.")
-flags.DEFINE_integer("context", 512, "heads: committed positions the drafter attends to.")
+FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
+DEFAULT_CONFIG = cli.config_path("qwen3_8b.py")
+flags.DEFINE_enum("suite", "heads", SUITES + ("all",), "Which benchmarks to run.", flag_values=FLAGS)
+flags.DEFINE_string("out", "benchmarks/cpu", "Directory for the JSON results and plots.", flag_values=FLAGS)
+flags.DEFINE_integer("reps", 5, "Timed repetitions per call (heads, e2e: the median is reported; decode: the fastest).",
+                     flag_values=FLAGS)
+flags.DEFINE_list("batches", ["1", "8"], "Batch sizes of the heads and e2e suites.", flag_values=FLAGS)
+flags.DEFINE_integer("context", 512, "heads: committed positions the drafter attends to.", flag_values=FLAGS)
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
-                  "heads: compute and weight dtype (float32 on CPUs, where bfloat16 matmuls are emulated).")
-flags.DEFINE_string("run_dir", "runs/repro", "e2e: a finished tiny reproduction (python -m xpress_jax.reproduce).")
-flags.DEFINE_string("repro_config", cli.config_path("tiny_repro.py"), "e2e: the config that reproduction ran.")
-flags.DEFINE_integer("num_prompts", 8, "e2e: GSM8K test prompts.")
-flags.DEFINE_integer("max_new_tokens", 128, "e2e: tokens generated per prompt.")
-flags.DEFINE_integer("candidate_k", 8, "e2e: candidates per position of XPress candidate mode (top-k).")
+                  "heads: compute and weight dtype (float32 on CPUs, where bfloat16 matmuls are emulated).",
+                  flag_values=FLAGS)
+flags.DEFINE_string("run_dir", "runs/repro", "e2e: a finished tiny reproduction (python -m xpress_jax.reproduce).",
+                    flag_values=FLAGS)
+flags.DEFINE_string("repro_config", cli.config_path("tiny_repro.py"), "e2e: the config that reproduction ran.",
+                    flag_values=FLAGS)
+flags.DEFINE_integer("num_prompts", 8, "e2e: GSM8K test prompts.", flag_values=FLAGS)
+flags.DEFINE_integer("max_new_tokens", 128, "e2e: tokens generated per prompt.", flag_values=FLAGS)
+flags.DEFINE_integer("candidate_k", 8, "e2e: candidates per position of XPress candidate mode (top-k).",
+                     flag_values=FLAGS)
 flags.DEFINE_string("decode_config", cli.config_path("tiny_repro.py"),
-                    "decode: the config whose shapes are timed on random weights (configs/qwen3_8b.py on an accelerator).")
-flags.DEFINE_list("contexts", ["128", "1024"], "decode: prompt lengths (committed tokens) the steps are timed at.")
-flags.DEFINE_integer("decode_tokens", 128, "decode: tokens generated per timed run.")
+                    "decode: the config whose shapes are timed on random weights (configs/qwen3_8b.py on an accelerator).",
+                    flag_values=FLAGS)
+flags.DEFINE_list("contexts", ["128", "1024"], "decode: prompt lengths (committed tokens) the steps are timed at.",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("decode_tokens", 128, "decode: tokens generated per timed run.", flag_values=FLAGS)
 flags.DEFINE_list("decode_set", [], "decode: overrides of --decode_config's fields, as --config.KEY=VALUE takes them, "
-                  "e.g. target.arch.num_hidden_layers=24 (unknown keys are errors): other shapes, no new config file.")
-flags.DEFINE_list("decode_variants", [], "decode: time only these labels (target-only is always timed); default all.")
+                  "e.g. target.arch.num_hidden_layers=24 (unknown keys are errors): other shapes, no new config file.",
+                  flag_values=FLAGS)
+flags.DEFINE_list("decode_variants", [], "decode: time only these labels (target-only is always timed); default all.",
+                  flag_values=FLAGS)
 flags.DEFINE_list("verify_tokens", ["0"], "decode: draft tokens the target verifies per step (0: the whole block); "
-                  "each drafter variant is timed at each, labelled LABEL_vM for M > 0.")
-flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.")
-flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.")
-FLAGS = flags.FLAGS
+                  "each drafter variant is timed at each, labelled LABEL_vM for M > 0.", flag_values=FLAGS)
+flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.",
+                    flag_values=FLAGS)
+flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.", flag_values=FLAGS)
 
 
 def machine() -> dict:
@@ -56,36 +67,36 @@ def machine() -> dict:
 
 
 def run_heads(config, out: str) -> dict:
-    from xpress_jax import plots
+    from xpress_jax.report import plots
     from xpress_jax.bench import heads
     with config.unlocked():
         config.dtype = config.param_dtype = FLAGS.dtype
     result = heads.suite(config, batches=[int(b) for b in FLAGS.batches], context=FLAGS.context, reps=FLAGS.reps)
-    plots.latency_against_k(result, os.path.join(out, "heads-latency_vs_k.png"))
+    plots.latency_against_iterations(result, os.path.join(out, "heads-latency_vs_iterations.png"))
     plots.draft_step_breakdown(result, os.path.join(out, "heads-draft_step.png"))
     for batch, r in result["batches"].items():
         ratio = r["ratio_to_markov"]
-        print(f"heads batch {batch}: XPress K=4 {ratio['xpress_K4']:.2f}x Markov, early stop "
-              f"{ratio['xpress_K4_early_stop']:.2f}x, top-32 {ratio['xpress_K4_top32']:.3f}x; "
+        print(f"heads batch {batch}: XPress 4 iterations {ratio['xpress_it4']:.2f}x Markov, early stop "
+              f"{ratio['xpress_it4_early_stop']:.2f}x, top-32 {ratio['xpress_it4_top32']:.3f}x; "
               f"Markov {r['costs']['markov']['bound']}-bound; drafter forward {r['seconds']['drafter_forward'] * 1e3:.1f} ms, "
               f"LM head {r['seconds']['lm_head'] * 1e3:.1f} ms, Markov {r['seconds']['markov'] * 1e3:.1f} ms")
     return result
 
 
 def run_e2e(out: str, heads_result: dict | None) -> dict:
-    from xpress_jax import plots
+    from xpress_jax.report import plots
     from xpress_jax.bench import e2e
     repro = cli.load_config(FLAGS.repro_config)
     result = e2e.suite(repro, FLAGS.run_dir, out, num_prompts=FLAGS.num_prompts, max_new_tokens=FLAGS.max_new_tokens,
                        top_k=FLAGS.candidate_k, batches=[int(b) for b in FLAGS.batches], reps=FLAGS.reps)
     if heads_result is not None:
-        used = result["real_blocks"]["early_stop_iterations"]["xpress_K4_early_stop"]
+        used = result["real_blocks"]["early_stop_iterations"]["xpress_it4_early_stop"]
         result["projected_early_stop_at_heads_shapes"] = e2e.projected_early_stop(heads_result, used)
     plots.e2e_speed(result, os.path.join(out, "e2e-speed.png"))
     rb = result["real_blocks"]
-    print(f"e2e: early stop uses {rb['early_stop_iterations']['xpress_K4_early_stop']:.2f} of 4 Jacobi iterations "
-          f"({rb['early_stop_iterations']['xpress_K15_early_stop']:.2f} to the fixed point) on {rb['blocks']} real blocks; "
-          f"top-{FLAGS.candidate_k} candidate agreement {rb['candidate_agreement_K4']:.4f}")
+    print(f"e2e: early stop uses {rb['early_stop_iterations']['xpress_it4_early_stop']:.2f} of 4 Jacobi iterations "
+          f"({rb['early_stop_iterations']['xpress_it15_early_stop']:.2f} to the fixed point) on {rb['blocks']} real blocks; "
+          f"top-{FLAGS.candidate_k} candidate agreement {rb['candidate_agreement_it4']:.4f}")
     for label, r in result["decode"].items():
         print(f"e2e decode {label}: tau {r['tau']:.2f}, {r['tokens_per_s']:.1f} tokens/s, {r['speedup']:.2f}x"
               + (f" (breaks even at tau {r['break_even_tau']:.2f})" if label != "target" else ""))
@@ -96,7 +107,7 @@ def run_e2e(out: str, heads_result: dict | None) -> dict:
 
 
 def run_decode(out: str) -> dict:
-    from xpress_jax import plots
+    from xpress_jax.report import plots
     from xpress_jax.bench import decode
     config = cli.parse_config(FLAGS.decode_config, [f"--config.{kv}" for kv in FLAGS.decode_set])
     result = decode.suite(config, contexts=[int(c) for c in FLAGS.contexts], batches=[int(b) for b in FLAGS.batches],
@@ -139,7 +150,7 @@ def _earlier(out: str, suite: str) -> dict | None:
 def main(config):
     out = FLAGS.out
     os.makedirs(out, exist_ok=True)
-    config_path = cli.config_file()
+    config_path = cli.config_file(FLAGS)
     suites = SUITES if FLAGS.suite == "all" else (FLAGS.suite,)
     results = {}
     for suite in suites:
@@ -152,9 +163,9 @@ def main(config):
         else:
             results[suite] = run_train(config_path)
         path = os.path.join(out, f"{suite}.json")
-        files.write_json(path, {"suite": suite, **machine(), **results[suite]})
+        atomic.write_json(path, {"suite": suite, **machine(), **results[suite]})
         print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    cli.run(main, default_config=cli.config_path("qwen3_8b.py"))
+    cli.run(main, FLAGS, DEFAULT_CONFIG)

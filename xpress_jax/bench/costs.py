@@ -15,7 +15,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from xpress_jax.decoding.profile import median_seconds
+from xpress_jax.timing import median_seconds
 
 F32 = 4  # bytes of a float32 logit
 

@@ -4,7 +4,7 @@ decoding, at a config's shapes, on random weights (no trained checkpoint needed)
 A step's cost does not depend on the weights: every decoder runs static shapes, so a random
 drafter that is never accepted pays exactly what a trained one pays per verification step. The
 ratio is the tau a drafter must reach to break even on this machine: speedup = tau / break_even_tau.
-XPress is timed at fixed K (early stop off), because how soon its Jacobi loop reaches the fixed
+XPress is timed at fixed iteration counts (early stop off), because how soon its Jacobi loop reaches the fixed
 point does depend on trained weights.
 
 Per-step cost = (time to decode N tokens - time to decode 1 token) / (steps of the N-token run):
@@ -16,25 +16,25 @@ difference of two timings wants the least disturbed run of each.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.errors import InputError
+from xpress_jax.timing import fastest_seconds
 
-# (label, decoder, settings): every decoder, XPress at three fixed K, D-Loop at one and four branches
+# (label, decoder, settings): every decoder, XPress at three fixed iteration counts, D-Loop at one and four branches
 VARIANTS = (
     ("target", "target", DecodeSettings()),
     ("dflash", "dflash", DecodeSettings()),
     ("markov", "markov", DecodeSettings()),
     ("gru", "gru", DecodeSettings()),
-    ("xpress_K1", "xpress", DecodeSettings(max_iters=1, early_stop=False)),
-    ("xpress_K4", "xpress", DecodeSettings(max_iters=4, early_stop=False)),
-    ("xpress_K8", "xpress", DecodeSettings(max_iters=8, early_stop=False)),
+    ("xpress_it1", "xpress", DecodeSettings(max_iters=1, early_stop=False)),
+    ("xpress_it4", "xpress", DecodeSettings(max_iters=4, early_stop=False)),
+    ("xpress_it8", "xpress", DecodeSettings(max_iters=8, early_stop=False)),
     ("dloop", "dloop", DecodeSettings()),
     ("dloop_branches4", "dloop", DecodeSettings(branches=4)),
-    ("dloop+xpress_K4", "dloop+xpress", DecodeSettings(max_iters=4, early_stop=False)),
+    ("dloop+xpress_it4", "dloop+xpress", DecodeSettings(max_iters=4, early_stop=False)),
 )
 
 
@@ -48,24 +48,13 @@ def chosen_variants(labels) -> tuple:
     return tuple(v for v in VARIANTS if not labels or v[0] in labels or v[0] == "target")
 
 
-def _fastest_seconds(fn, reps: int):
-    """(fastest wall seconds of reps calls after a warm-up call that compiles, the last result)."""
-    out = fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
-
-
 def step_seconds(models, prompts, decoder: str, settings: DecodeSettings, *, new_tokens: int, reps: int) -> dict:
     """Seconds per loop step of `decoder` on `prompts` (a batch of equal-length id lists)."""
     from xpress_jax.decoding.speculative import generate
     max_len = len(prompts[0]) + new_tokens + models.drafter.cfg.block_size * settings.branches
     kw = dict(decoder=decoder, settings=settings, max_len=max_len)
-    whole, out = _fastest_seconds(lambda: generate(models, prompts, max_new_tokens=new_tokens, **kw), reps)
-    outside, _ = _fastest_seconds(lambda: generate(models, prompts, max_new_tokens=1, **kw), reps)
+    whole, out = fastest_seconds(lambda: generate(models, prompts, max_new_tokens=new_tokens, **kw), reps)
+    outside, _ = fastest_seconds(lambda: generate(models, prompts, max_new_tokens=1, **kw), reps)
     steps = int(out.stats["steps"].max())  # the batch advances together until its slowest sequence ends
     if whole <= outside:
         raise InputError(f"{decoder}: {new_tokens} tokens took no longer than 1 ({whole:.4f} s against "
@@ -89,7 +78,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
     """For each context length (prompt tokens) and batch size: every variant's seconds per step and
     its break-even tau (its step over target-only decoding's step), each drafter variant at each
     verify length of `verify_tokens`."""
-    from xpress_jax.assemble import build_target, new_drafter, new_head, drafter_config
+    from xpress_jax.models.build import build_target, new_drafter, new_head, drafter_config
     from xpress_jax.decoding.speculative import SpecModels
     from xpress_jax.methods import HEAD_OF
 

@@ -4,8 +4,8 @@ reproduction's checkpoints (`python -m xpress_jax.reproduce`, default runs/repro
 1. Tokens/s of every trained method against target-only decoding, in one evaluation run.
 2. The heads on the frozen DFlash drafter's real blocks (GSM8K test prompts, the target's own
    continuations): how many Jacobi iterations early stop uses, and the latency of each head's
-   solve side by side (Markov and GRU serial, exact XPress at K = 4, early stop, candidate mode).
-3. Candidate mode against the exact refiner at the same K: token agreement and tau.
+   solve side by side (Markov and GRU serial, exact XPress at 4 iterations, early stop, candidate mode).
+3. Candidate mode against the exact refiner at the same iteration count: token agreement and tau.
 4. What one speculative step costs against one target-only step. In the decode loop: each method's
    break-even tau, its time per verification step over the target's time per token (the tau at
    which it would match target-only decoding here). Apart, as separately dispatched calls: a
@@ -15,6 +15,7 @@ reproduction's checkpoints (`python -m xpress_jax.reproduce`, default runs/repro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -23,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xpress_jax.decoding.jacobi import candidate_agreement as agreement_of
-from xpress_jax.decoding.profile import jit_on_state, median_seconds
+from xpress_jax.decoding.jacobi import token_agreement
+from xpress_jax.decoding.profile import jit_on_state
+from xpress_jax.timing import median_seconds
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels, draft_block, prefill, verify_block
@@ -35,7 +37,7 @@ SAME_DRAFTER = {"markov": "markov", "gru": "gru", "xpress": "xpress.frozen"}
 
 
 def _check_run(run: str) -> None:
-    from xpress_jax.reproduction import TRAIN_STAGES, is_done
+    from xpress_jax.reproduce.stages import TRAIN_STAGES, is_done
     missing = [s for s in ("target", *TRAIN_STAGES) if not is_done(run, s)]
     if missing:
         raise InputError(f"{run}: stages {missing} are not done; run python -m xpress_jax.reproduce first "
@@ -44,18 +46,21 @@ def _check_run(run: str) -> None:
 
 def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_tokens: int = 128, top_k: int = 8,
           batches=(1, 8), reps: int = 5) -> dict:
-    from xpress_jax.assemble import build_drafter, build_head, build_target
+    from xpress_jax.models.build import build_drafter, build_head, build_target
     from xpress_jax.decoding.speculative import generate_greedy
-    from xpress_jax.evaluation import anchored_sequences, drafter_blocks, encode_prompts, evaluate
+    from xpress_jax.eval.candidates import anchored_sequences, drafter_blocks
+    from xpress_jax.eval.evaluate import encode_prompts, evaluate
+    from xpress_jax.eval.settings import EvalSettings
     from xpress_jax.data.questions import load_questions
-    from xpress_jax.reproduction import stage_config, trained_methods
+    from xpress_jax.reproduce.stages import stage_config, trained_methods
 
     _check_run(run)
     c = stage_config(config, run, "eval")
-    e = {**c.eval.to_dict(), "datasets": ("gsm8k",), "num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
-         "temperature": 0.0, "jacobi_k": (), "candidate_k": top_k, "time_split": False, "dloop_branches": (1,),
-         "out_dir": os.path.join(out_dir, "e2e-eval")}
-    report, failures = evaluate(c, trained_methods(run, (1,)), e, check_lossless=True)
+    settings = dataclasses.replace(
+        EvalSettings.from_config(c.eval), datasets=("gsm8k",), num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+        temperature=0.0, iteration_sweep=(), candidate_k=top_k, time_split=False, dloop_branches=(1,),
+        out_dir=os.path.join(out_dir, "e2e-eval"))
+    report, failures = evaluate(c, trained_methods(run, (1,)), settings, check_lossless=True)
     rows = report["results"]["gsm8k"]
     out = {"run_dir": run, "prompts": num_prompts, "max_new_tokens": max_new_tokens, "lossless_failures": failures,
            "decode": {label: {**{k: r[k] for k in ("tau", "tokens_per_s", "speedup", "mean_iterations")},
@@ -82,16 +87,16 @@ def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_token
             name, nnx.merge(graph, w), s, h, a, lambda ids: jnp.take(tab, ids, axis=0), settings=settings)), weights
 
     variants = {"markov": solver("markov"), "gru": solver("gru"),
-                "xpress_K4": solver("xpress", max_iters=4, early_stop=False),
-                "xpress_K4_early_stop": solver("xpress", max_iters=4, early_stop=True),
-                "xpress_K15_early_stop": solver("xpress", max_iters=15, early_stop=True),
-                f"xpress_K4_top{top_k}": solver("xpress", max_iters=4, early_stop=False, top_k=top_k)}
+                "xpress_it4": solver("xpress", max_iters=4, early_stop=False),
+                "xpress_it4_early_stop": solver("xpress", max_iters=4, early_stop=True),
+                "xpress_it15_early_stop": solver("xpress", max_iters=15, early_stop=True),
+                f"xpress_it4_top{top_k}": solver("xpress", max_iters=4, early_stop=False, top_k=top_k)}
     every = {name: fn(w, table, s, h, last) for name, (fn, w) in variants.items()}  # all blocks at once
     out["real_blocks"] = {
         "blocks": int(s.shape[0]),
         "early_stop_iterations": {name: float(np.mean(np.asarray(every[name].iterations)))
-                                  for name in ("xpress_K4_early_stop", "xpress_K15_early_stop")},
-        "candidate_agreement_K4": float(agreement_of(every["xpress_K4"].tokens, every[f"xpress_K4_top{top_k}"].tokens)),
+                                  for name in ("xpress_it4_early_stop", "xpress_it15_early_stop")},
+        "candidate_agreement_it4": float(token_agreement(every["xpress_it4"].tokens, every[f"xpress_it4_top{top_k}"].tokens)),
         "by_batch": {}}
     for batch in batches:
         if batch > s.shape[0]:
@@ -128,11 +133,11 @@ def step_costs(models: SpecModels, prompt: list[int], *, max_len: int, reps: int
 
 def projected_early_stop(heads_result: dict, iterations: float) -> dict:
     """Exact XPress at the measured mean early-stop iteration count, read off the heads suite's
-    latency-vs-K line at the config's shapes (linear between measured K), against Markov."""
+    latency-vs-iterations line at the config's shapes (linear between measured counts), against Markov."""
     out = {}
     for batch, r in heads_result["batches"].items():
         ks = sorted(int(k[len("xpress_K"):]) for k in r["seconds"] if k[len("xpress_K"):].isdigit())
-        at_k = np.interp(iterations, ks, [r["seconds"][f"xpress_K{k}"] for k in ks])
+        at_k = np.interp(iterations, ks, [r["seconds"][f"xpress_it{k}"] for k in ks])
         out[batch] = {"iterations": iterations, "seconds": float(at_k),
                       "ratio_to_markov": float(at_k / r["seconds"]["markov"])}
     return out

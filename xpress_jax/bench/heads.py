@@ -3,7 +3,7 @@ hidden 4,096, a 5-layer drafter, rank 256, block 16), on random weights, side by
 
 Per batch size: the drafter's forward pass and the LM-head readout of the same block (the XPress
 paper's Figure 5 breakdown), then each head turning s into a block: Markov and GRU (15 dependent
-steps), exact XPress at K = 1..8 Jacobi iterations, with early stop, in candidate mode (top-k),
+steps), exact XPress at 1..8 Jacobi iterations, with early stop, in candidate mode (top-k),
 and the once-per-checkpoint fold. Each figure is a median over jitted calls after warm-up, with its
 FLOPs, bytes and roofline bound (`costs.py`). Timings are real; agreement and early-stop counts on
 random weights only illustrate the measurement (the `e2e` suite measures them on trained heads).
@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xpress_jax.assemble import drafter_config, new_drafter, new_head, target_config
+from xpress_jax.models.build import drafter_config, new_drafter, new_head, target_config
 from xpress_jax.bench import costs
-from xpress_jax.decoding.jacobi import candidate_agreement
-from xpress_jax.decoding.profile import median_seconds
+from xpress_jax.decoding.jacobi import token_agreement
+from xpress_jax.timing import median_seconds
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.models.drafter import ContextCache
@@ -97,17 +97,17 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
                             costs.xpress_fold(d)),
         }
         for k in JACOBI_K:
-            calls[f"xpress_K{k}"] = (*refine("xpress", folded, max_iters=k, early_stop=False), costs.xpress_exact(d, k))
+            calls[f"xpress_it{k}"] = (*refine("xpress", folded, max_iters=k, early_stop=False), costs.xpress_exact(d, k))
         early, early_args = refine("xpress", folded, max_iters=4, early_stop=True)
         used = float(jnp.mean(early(*early_args).iterations))
-        calls["xpress_K4_early_stop"] = (early, early_args, costs.xpress_exact(d, used))
+        calls["xpress_it4_early_stop"] = (early, early_args, costs.xpress_exact(d, used))
         for top_k in TOP_K:
-            calls[f"xpress_K4_top{top_k}"] = (*refine("xpress", folded, max_iters=4, early_stop=False, top_k=top_k),
+            calls[f"xpress_it4_top{top_k}"] = (*refine("xpress", folded, max_iters=4, early_stop=False, top_k=top_k),
                                               costs.xpress_candidates(d, 4, top_k))
 
         seconds = {name: median_seconds(fn, *args, reps=reps) for name, (fn, args, _) in calls.items()}
         tokens = lambda name: calls[name][0](*calls[name][1]).tokens  # noqa: E731
-        agreement = {f"top{k}": float(candidate_agreement(tokens("xpress_K4"), tokens(f"xpress_K4_top{k}")))
+        agreement = {f"top{k}": float(token_agreement(tokens("xpress_it4"), tokens(f"xpress_it4_top{k}")))
                      for k in TOP_K}
         markov = seconds["markov"]
         out["batches"][str(batch)] = {
@@ -115,8 +115,8 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
             "ratio_to_markov": {k: v / markov for k, v in seconds.items()},
             "costs": {k: costs.bound(c, peaks, seconds[k]) for k, (_, _, c) in calls.items()},
             "draft_step": {"drafter_forward": seconds["drafter_forward"], "lm_head": seconds["lm_head"],
-                           **{name: seconds[name] for name in ("markov", "gru", "xpress_K4", "xpress_K4_early_stop",
-                                                               "xpress_K4_top32")}},
+                           **{name: seconds[name] for name in ("markov", "gru", "xpress_it4", "xpress_it4_early_stop",
+                                                               "xpress_it4_top32")}},
             "early_stop_iterations_random_weights": used,
             "candidate_agreement_random_weights": agreement}
     return out

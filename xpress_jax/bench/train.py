@@ -12,13 +12,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from xpress_jax.errors import InputError
+from xpress_jax.timing import timed_calls
 
 
 def _batch(config, seed: int = 0) -> dict:
@@ -31,18 +31,16 @@ def _batch(config, seed: int = 0) -> dict:
 
 
 def _timed(step, setup, config, steps: int) -> dict:
-    """Median seconds of `step` (after a first, compiling or warm-up call) on one batch, and the
+    """Median seconds of `step` on one batch (the state carried from call to call), and the
     tokens/s that follow."""
-    state = setup.init_state()
+    carried = {"state": setup.init_state()}
     batch = setup.global_batch(_batch(config))
-    state, metrics = step(state, setup.target_params, batch)  # compile / warm up
-    jax.block_until_ready(metrics)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        state, metrics = step(state, setup.target_params, batch)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - t0)
+
+    def one_step():
+        carried["state"], metrics = step(carried["state"], setup.target_params, batch)
+        return metrics
+
+    times, metrics = timed_calls(one_step, steps)
     seconds = float(np.median(times))
     tokens = config.train.batch_size * config.data.max_len
     return {"seconds_per_step": seconds, "tokens_per_s": tokens / seconds, "tokens_per_step": tokens,
@@ -50,10 +48,12 @@ def _timed(step, setup, config, steps: int) -> dict:
 
 
 def step_throughput(config, *, steps: int) -> dict:
-    """The trainer's step for `config`: median seconds, tokens/s."""
-    from xpress_jax.training.trainer import Setup
+    """The trainer's step for `config`, compiled once: median seconds, tokens/s, and XLA's flops."""
+    from xpress_jax.train.setup import Setup
     setup = Setup(config, abstract=False, num_records=None)
-    return _timed(setup.step, setup, config, steps)
+    compiled = setup.step.lower(setup.abstract_state, setup.target_params,
+                                setup.global_batch(_batch(config))).compile()
+    return {**_timed(compiled, setup, config, steps), "flops": compiled_flops(compiled)}
 
 
 def compiled_flops(compiled) -> float | None:
@@ -68,9 +68,9 @@ def compiled_flops(compiled) -> float | None:
 
 def full_backward_step(setup, config):
     """The trainer's loss and update for `config`, but with gradients taken through every
-    parameter, frozen or not (what the trainer did before frozen parts were left out)."""
-    from xpress_jax.training.step import make_train_step
-    from xpress_jax.training.trainer import loss_settings
+    parameter, frozen or not: the cost that leaving frozen parts out of the gradient saves."""
+    from xpress_jax.train.step import make_train_step
+    from xpress_jax.train.setup import loss_settings
     return jax.jit(make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule,
                                    loss_settings(config)), donate_argnums=(0,))
 
@@ -79,7 +79,7 @@ def frozen_drafter_step(config, *, steps: int) -> dict:
     """A trainable=heads config: the trainer's step (no gradient through the frozen drafter)
     against `full_backward_step`, each compiled once, timed in turn on the same batch, with the
     compiled flops of each."""
-    from xpress_jax.training.trainer import Setup
+    from xpress_jax.train.setup import Setup
     setup = Setup(config, abstract=False, num_records=None)
     args = (setup.abstract_state, setup.target_params, setup.global_batch(_batch(config)))
     out = {}

@@ -10,7 +10,7 @@ import os
 
 from flax import nnx
 
-from xpress_jax import files
+from xpress_jax import atomic
 from xpress_jax.checkpoints.hf_qwen3 import load_into, save_from
 from xpress_jax.checkpoints.keymap import KeyRule, dotted
 from xpress_jax.checkpoints.safetensors_io import SafetensorsDir, SafetensorsFile
@@ -52,7 +52,7 @@ def save_head(head: nnx.Module, directory: str, name: str, dtype=None) -> str:
     os.replace(os.path.join(tmp_dir, "model.safetensors"), path)
     os.rmdir(tmp_dir)
     config_path = path.removesuffix(".safetensors") + ".config.json"
-    files.write_json(config_path, head_config(head, name))
+    atomic.write_json(config_path, head_config(head, name))
     return path
 
 

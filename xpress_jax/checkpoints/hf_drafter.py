@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_dtypes
 from flax import nnx
 
-from xpress_jax import files
+from xpress_jax import atomic
 from xpress_jax.checkpoints.hf_qwen3 import layer_rules, load_into, save_from
 from xpress_jax.checkpoints.keymap import KeyRule
 from xpress_jax.checkpoints.safetensors_io import SafetensorsDir
@@ -48,4 +48,4 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str, *, dtype=ml_dtypes.bfloat
     save_from(drafter, drafter_rules(drafter.cfg), out_dir, dtype=dtype, max_shard_bytes=2**62)
     hf = drafter.cfg.to_hf()
     hf["dtype"] = str(jnp.dtype(dtype)) if dtype is not None else "float32"
-    files.write_json(os.path.join(out_dir, "config.json"), hf)
+    atomic.write_json(os.path.join(out_dir, "config.json"), hf)

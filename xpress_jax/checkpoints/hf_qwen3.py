@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xpress_jax import files, sharding
+from xpress_jax import atomic, sharding
 from xpress_jax.checkpoints.keymap import KeyRule, dotted, path_tuple
 from xpress_jax.checkpoints.safetensors_io import CheckpointError, SafetensorsDir, write_dir
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
@@ -148,7 +148,7 @@ def save_qwen3(model: Qwen3, out_dir: str, *, tokenizer_dir: str | None = None, 
     hf = model.cfg.to_hf()
     first = next(v for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
     hf["dtype"] = str(np.dtype(dtype or first.dtype))
-    files.write_json(os.path.join(out_dir, "config.json"), hf)
+    atomic.write_json(os.path.join(out_dir, "config.json"), hf)
     if tokenizer_dir:
         for name in TOKENIZER_FILES:
             src = os.path.join(tokenizer_dir, name)

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 import ml_dtypes
 import numpy as np
 
-from xpress_jax import files
+from xpress_jax import atomic
 from xpress_jax.errors import CheckpointError, read_json
 
 SINGLE_FILE = "model.safetensors"
@@ -144,7 +144,7 @@ def write_file(path: str, tensors: Iterable[tuple[str, np.ndarray]], metadata: d
     """Writes one safetensors file atomically (temporary name, fsync, rename)."""
     tensors = [(k, np.ascontiguousarray(v)) for k, v in tensors]
     spec = [(k, v.dtype, v.shape) for k, v in tensors]
-    with files.replacing(path, "wb") as f:
+    with atomic.replacing(path, "wb") as f:
         f.write(_header(spec, metadata or {"format": "pt"}))
         for _, v in tensors:
             f.write(v.tobytes())
@@ -183,5 +183,5 @@ def write_dir(directory: str, keys_and_sizes: list[tuple[str, int]],
         weight_map.update({k: name for k in keys})
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(n for _, n in keys_and_sizes)}, "weight_map": weight_map}
-        files.write_json(os.path.join(directory, INDEX_FILE), index)
+        atomic.write_json(os.path.join(directory, INDEX_FILE), index)
     return names

@@ -17,7 +17,7 @@ import os
 import sysconfig
 import warnings
 
-from xpress_jax import files
+from xpress_jax import atomic
 from xpress_jax.data.questions import data_root
 from xpress_jax.errors import DataError
 
@@ -100,6 +100,6 @@ def build_corpus(*, code_functions: int, val_fraction: float) -> tuple[list[dict
 
 
 def write_jsonl(records: list[dict], path: str) -> None:
-    with files.replacing(path) as f:
+    with atomic.replacing(path) as f:
         for r in records:
             f.write(json.dumps(r) + "\n")

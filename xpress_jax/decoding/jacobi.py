@@ -20,10 +20,13 @@ StepFn = Callable[[jax.Array], jax.Array]
 
 
 @struct.dataclass
-class JacobiResult:
+class DraftBlock:
+    """A block of draft tokens as any head (or the drafter alone) produced it."""
     tokens: jax.Array  # [batch, n] int32
     logits: jax.Array  # [batch, n, C]: the scores the tokens were chosen from
-    iterations: jax.Array  # [batch] int32: iterations run until the block stopped changing (or K)
+    # [batch] int32: Jacobi iterations run until the block stopped changing (at most max_iters);
+    # n for a serial head, 0 for the drafter alone
+    iterations: jax.Array
 
 
 def previous_tokens(anchor: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -36,7 +39,7 @@ def _argmax(scores):
 
 
 def jacobi_solve(step: StepFn, seed_scores: jax.Array, anchor: jax.Array, *, max_iters: int,
-                 early_stop: bool = True, pick: Callable[[jax.Array], jax.Array] = _argmax) -> JacobiResult:
+                 early_stop: bool = True, pick: Callable[[jax.Array], jax.Array] = _argmax) -> DraftBlock:
     """Up to `max_iters` parallel updates from Y(0) = pick(seed_scores).
 
     With early_stop the loop ends as soon as an iteration changes no token in any sequence;
@@ -60,11 +63,11 @@ def jacobi_solve(step: StepFn, seed_scores: jax.Array, anchor: jax.Array, *, max
     init = (jnp.int32(0), pick(seed_scores), seed_scores.astype(jnp.float32),
             jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32))
     _, tokens, scores, _, iters = jax.lax.while_loop(cond, body, init)
-    return JacobiResult(tokens=tokens, logits=scores, iterations=iters)
+    return DraftBlock(tokens=tokens, logits=scores, iterations=iters)
 
 
 def sequential_solve(step: StepFn, anchor: jax.Array, num_positions: int,
-                     pick: Callable[[jax.Array], jax.Array] = _argmax) -> JacobiResult:
+                     pick: Callable[[jax.Array], jax.Array] = _argmax) -> DraftBlock:
     """The reference: a scan over positions; position k is chosen from the final prefix y_<k."""
     batch = anchor.shape[0]
 
@@ -79,7 +82,7 @@ def sequential_solve(step: StepFn, anchor: jax.Array, num_positions: int,
     probe = jax.eval_shape(step, jnp.zeros((batch, num_positions), jnp.int32))
     init = (jnp.zeros((batch, num_positions), jnp.int32), jnp.zeros(probe.shape, jnp.float32))
     (tokens, logits), _ = jax.lax.scan(body, init, jnp.arange(num_positions))
-    return JacobiResult(tokens=tokens, logits=logits, iterations=jnp.full((batch,), num_positions, jnp.int32))
+    return DraftBlock(tokens=tokens, logits=logits, iterations=jnp.full((batch,), num_positions, jnp.int32))
 
 
 def top_k_candidates(s: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -96,6 +99,6 @@ def pick_from(candidates: jax.Array) -> Callable[[jax.Array], jax.Array]:
     return pick
 
 
-def candidate_agreement(full_tokens: jax.Array, candidate_tokens: jax.Array) -> jax.Array:
+def token_agreement(full_tokens: jax.Array, candidate_tokens: jax.Array) -> jax.Array:
     """Fraction of positions where candidate mode chose what the full vocabulary chose."""
     return jnp.mean((full_tokens == candidate_tokens).astype(jnp.float32))

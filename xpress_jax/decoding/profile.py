@@ -6,11 +6,9 @@ put inside the decode loop)."""
 from __future__ import annotations
 
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
@@ -19,18 +17,7 @@ from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import (SpecModels, draft_block, fold_head, pad_prompts, prefill,
                                              verify_block)
 from xpress_jax.methods import DECODERS, HEAD_OF
-
-
-def median_seconds(fn, *args, reps: int) -> float:
-    """Median wall seconds of fn(*args) over `reps` calls, after one call that compiles and warms up;
-    each call waits for its results (block_until_ready)."""
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+from xpress_jax.timing import median_seconds
 
 
 def jit_on_state(graphdef, fn):

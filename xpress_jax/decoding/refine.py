@@ -3,7 +3,7 @@ how the head decodes (`methods.HEADS[name].decode`):
 
     no head  argmax s (the drafter alone: dflash, dloop)
     serial   B-1 dependent steps (markov, gru)
-    jacobi   the folded refiner solved by Jacobi: K iterations, early stop, optional top-k
+    jacobi   the folded refiner solved by Jacobi: max_iters iterations, early stop, optional top-k
              candidates (xpress)
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from xpress_jax.decoding.jacobi import JacobiResult, jacobi_solve, pick_from, top_k_candidates
+from xpress_jax.decoding.jacobi import DraftBlock, jacobi_solve, pick_from, top_k_candidates
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.errors import InputError
 from xpress_jax.methods import HEADS, JACOBI, SERIAL
@@ -21,12 +21,12 @@ from xpress_jax.models.heads.baselines import choose
 
 def refine_block(name: str | None, head, s: jax.Array, h: jax.Array, anchor: jax.Array, embed=None, *,
                  settings: DecodeSettings = DecodeSettings(), noise: jax.Array | None = None,
-                 temperature: float = 1.0) -> JacobiResult:
+                 temperature: float = 1.0) -> DraftBlock:
     """name: a key of methods.HEADS, or None for the drafter alone.
     s: [batch, m, vocab] base logits of the block's first m positions; h: [batch, n, hidden] of all
     n >= m (XPress's g is their mean); anchor: [batch] -> tokens, logits of the m positions. The
     heads are causal, so these are exactly the first m positions of the whole block's solve.
-    A Jacobi head (XPress) reads settings.max_iters (Jacobi K), early_stop and top_k (candidate mode).
+    A Jacobi head (XPress) reads settings.max_iters (Jacobi iterations), early_stop and top_k (candidate mode).
 
     Greedy without `noise`; with Gumbel noise [batch, m, vocab] each token is argmax(l/T + G),
     a sample from softmax(l/T) of the logits returned. The noise stays fixed across Jacobi
@@ -36,14 +36,14 @@ def refine_block(name: str | None, head, s: jax.Array, h: jax.Array, anchor: jax
     """
     batch = s.shape[0]
     if name is None:
-        return JacobiResult(tokens=choose(s.astype(jnp.float32), noise, temperature), logits=s.astype(jnp.float32),
+        return DraftBlock(tokens=choose(s.astype(jnp.float32), noise, temperature), logits=s.astype(jnp.float32),
                             iterations=jnp.zeros((batch,), jnp.int32))
     if name not in HEADS:
         raise InputError(f"unknown head {name!r}; choose one of {', '.join(HEADS)} (or None: the drafter alone)")
     m = s.shape[1]
     if HEADS[name].decode == SERIAL:
         tokens, logits = head.decode_serial(s, h[:, :m], anchor, embed, noise=noise, temperature=temperature)
-        return JacobiResult(tokens=tokens, logits=logits, iterations=jnp.full((batch,), m, jnp.int32))
+        return DraftBlock(tokens=tokens, logits=logits, iterations=jnp.full((batch,), m, jnp.int32))
     assert HEADS[name].decode == JACOBI, name
     max_iters, early_stop, top_k = settings.max_iters, settings.early_stop, settings.top_k
     folded = head.fold()

@@ -1,6 +1,7 @@
-"""The decoder knobs beyond the decoder's name, in one object with the one set of defaults.
+"""The decoder knobs beyond the decoder's name, in one object whose defaults are the config's
+(`config.evaluation_defaults`).
 
-Built once (from `generate`'s arguments or the config's `eval` section) and passed down to the
+Built once (from `generate`'s arguments or the eval's settings) and passed down to the
 draft step, the refiner and the profiler. A knob set for a decoder that would ignore it is an
 error for a direct request; an evaluation that runs one settings object over many decoders
 hands each decoder only the knobs it reads (`for_decoder`).
@@ -10,25 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 
+from xpress_jax.config import evaluation_defaults
 from xpress_jax.errors import InputError
 from xpress_jax.methods import DECODERS, decoders_reading
+
+_EVAL = evaluation_defaults()
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
-    max_iters: int = 4  # Jacobi K of the XPress refiner
-    early_stop: bool = True  # end the Jacobi loop at the fixed point
-    top_k: int = 0  # > 0: XPress candidate mode over the drafter's top-k per position
-    branches: int = 1  # D-Loop's K: prefixes regenerated and verified together
-    # draft tokens the target verifies per step, the block's first ones (0: all B-1). The drafter
-    # still runs over its whole block, as trained; its LM head, the head's causal solve and the
-    # target's pass (whose cost grows with its length) cover only these. Lossless at any value.
-    verify_tokens: int = 0
-
-    @classmethod
-    def from_eval(cls, e: dict, branches: int = 1) -> "DecodeSettings":
-        return cls(max_iters=int(e["max_iters"]), early_stop=bool(e["early_stop"]), top_k=int(e["top_k"]),
-                   branches=branches, verify_tokens=int(e["verify_tokens"]))
+    max_iters: int = _EVAL["max_iters"]  # XPress's Jacobi iterations per block
+    early_stop: bool = _EVAL["early_stop"]
+    top_k: int = _EVAL["top_k"]  # > 0: XPress candidate mode
+    branches: int = _EVAL["dloop_branches"][0]  # D-Loop: prefixes regenerated and verified together
+    verify_tokens: int = _EVAL["verify_tokens"]  # 0: all B-1 drafts
 
     def drafted(self, block: int) -> int:
         """Draft positions per step that are drafted, refined and verified: verify_tokens, or all B-1."""
@@ -48,7 +44,7 @@ class DecodeSettings:
             raise InputError(f"{', '.join(ignored)} would be ignored by decoder {decoder!r}; {name} applies to "
                              f"{', '.join(decoders_reading(name))}")
         if self.max_iters < 1:
-            raise InputError(f"max_iters (Jacobi K) must be >= 1, got {self.max_iters}")
+            raise InputError(f"max_iters (Jacobi iterations) must be >= 1, got {self.max_iters}")
         if not 0 <= self.verify_tokens <= block - 1:
             raise InputError(f"verify_tokens must lie in 0..{block - 1} (0: the whole block of {block - 1} "
                              f"draft tokens), got {self.verify_tokens}")

@@ -84,6 +84,15 @@ class Generation:
         return float(self.stats["committed"].sum() / steps) if steps else float("nan")
 
 
+# prompt lengths are padded up to a multiple of this, so a few compiled programs serve every prompt
+PROMPT_BUCKET = 64
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= n: the one padding rule."""
+    return -(-int(n) // multiple) * multiple
+
+
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Right-pads prompts to one length, rounded up to `multiple` (so one compiled program serves
     many prompt lengths): ids [batch, padded], lengths [batch]. Refuses empty prompts."""
@@ -92,7 +101,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, multiple: int
     lengths = np.array([len(p) for p in prompts], np.int32)
     if lengths.min() == 0:
         raise InputError(f"prompt {int(np.argmin(lengths))} is empty; every prompt needs at least one token")
-    padded = -(-int(lengths.max()) // multiple) * multiple
+    padded = round_up(lengths.max(), multiple)
     ids = np.full((len(prompts), padded), pad_id, np.int32)
     for i, p in enumerate(prompts):
         ids[i, :len(p)] = p

@@ -10,7 +10,7 @@ head: callers pass the target's (frozen) `embed` and `logits`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,10 @@ from xpress_jax.errors import ConfigError
 from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, kv_rows, param
 from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_kv
 
+# the published DFlash drafters' layout (reference §3): what a config or a config.json leaves unsaid
 QWEN3_MASK_TOKEN_ID = 151669  # an unused row of the Qwen3 embedding
+DFLASH_BLOCK_SIZE = 16
+DFLASH_DRAFT_LAYERS = 5
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -42,7 +45,7 @@ class DrafterConfig:
     num_target_layers: int
     target_layer_ids: tuple[int, ...]
     vocab_size: int
-    block_size: int = 16
+    block_size: int = DFLASH_BLOCK_SIZE
     mask_token_id: int = QWEN3_MASK_TOKEN_ID
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
@@ -57,8 +60,9 @@ class DrafterConfig:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary of {self.vocab_size}")
 
     @classmethod
-    def from_target(cls, target: Qwen3Config, num_layers: int = 5, target_layer_ids: Sequence[int] | None = None,
-                    block_size: int = 16, mask_token_id: int = QWEN3_MASK_TOKEN_ID) -> "DrafterConfig":
+    def from_target(cls, target: Qwen3Config, num_layers: int = DFLASH_DRAFT_LAYERS,
+                    target_layer_ids: Sequence[int] | None = None, block_size: int = DFLASH_BLOCK_SIZE,
+                    mask_token_id: int = QWEN3_MASK_TOKEN_ID) -> "DrafterConfig":
         """Draft layers with the target's layer shapes (as DFlash does)."""
         ids = target_layer_ids or default_target_layer_ids(target.num_hidden_layers, num_layers)
         return cls(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
@@ -103,7 +107,7 @@ class DrafterConfig:
         return cls(hidden_size=base.hidden_size, intermediate_size=base.intermediate_size, num_hidden_layers=n,
                    num_attention_heads=base.num_attention_heads, num_key_value_heads=base.num_key_value_heads,
                    head_dim=base.head_dim, num_target_layers=hf["num_target_layers"], target_layer_ids=tuple(ids),
-                   vocab_size=base.vocab_size, block_size=hf.get("block_size", 16),
+                   vocab_size=base.vocab_size, block_size=hf.get("block_size", DFLASH_BLOCK_SIZE),
                    mask_token_id=dflash.get("mask_token_id", QWEN3_MASK_TOKEN_ID),
                    rms_norm_eps=base.rms_norm_eps, rope_theta=base.rope_theta)
 
@@ -249,7 +253,3 @@ def block_inputs(anchor_tokens: jax.Array, block_size: int, mask_token_id: int) 
     masks = jnp.full(anchor_tokens.shape + (block_size - 1,), mask_token_id, jnp.int32)
     return jnp.concatenate([anchor_tokens[..., None].astype(jnp.int32), masks], axis=-1)
 
-
-def draft_logits(hidden: jax.Array, lm_head: Callable[[jax.Array], jax.Array]) -> jax.Array:
-    """Base logits s of the draft slots: hidden [batch, B, hidden] -> [batch, B-1, vocab] (slot 0 is the anchor)."""
-    return lm_head(hidden[:, 1:])

@@ -70,13 +70,13 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     - heads-major, not slots-major: stored slots-major, every step would transpose the whole cache
       to feed the dots (on CPUs 3x the attention itself at batch 64).
     - (batch, kv_heads) as one leading axis: the dots want a single batch axis, and with a 4-D cache
-      the bitcast between the two made XLA's CPU compiler duplicate each in-place cache write into
-      two fusions and copy every cache buffer four times per decoding step (target-only decoding
-      paid 1.3-1.5x for it; benchmarks/cpu/cache-copies/).
+      the bitcast between the two makes XLA's CPU compiler duplicate each in-place cache write into
+      two fusions and copy every cache buffer four times per decoding step (1.3-1.5x slower
+      target-only decoding; benchmarks/cpu/cache-copies/).
     - the queries of a KV group stacked into one [group * q_len] axis, so both dots are plain
-      batched matmuls with the cache as stored. Written with the group and query axes apart, XLA's
-      CPU layouts moved the probabilities and the values through a transpose in every layer of
-      every step (batch-64 decoding was 1.23-1.36x slower; benchmarks/cpu/attention-layout/).
+      batched matmuls with the cache as stored. With the group and query axes apart, XLA's CPU
+      layouts move the probabilities and the values through a transpose in every layer of every
+      step (1.23-1.36x slower batch-64 decoding; benchmarks/cpu/attention-layout/).
     """
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[0] // batch

@@ -191,7 +191,7 @@ class Qwen3(nnx.Module):
 
     def logits(self, h: jax.Array) -> jax.Array:
         """h: [batch, seq, hidden] (already normed) -> [batch, seq, vocab] float32."""
-        if self.cfg.tie_word_embeddings:  # contract with the embedding as stored: `.T` was copied every step
+        if self.cfg.tie_word_embeddings:  # contract with the embedding as stored: `.T` would copy it every step
             return jnp.einsum("bsh,vh->bsv", h, self.embed_tokens[...].astype(self.dtype),
                               preferred_element_type=jnp.float32)
         return jnp.einsum("bsh,hv->bsv", h, self.lm_head[...].astype(self.dtype), preferred_element_type=jnp.float32)

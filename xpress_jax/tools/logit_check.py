@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from xpress_jax.errors import XpressError
+from xpress_jax import cli
+
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 0.5}  # bf16 logits round at ~2^-8 of their magnitude
 
-flags.DEFINE_string("hf_dir", None, "Local HF Qwen3 directory (config.json + safetensors).", required=True)
-flags.DEFINE_enum("dtype", "float32", list(TOLERANCE), "Compute and parameter dtype of both models.")
+FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
+flags.DEFINE_string("hf_dir", None, "Local HF Qwen3 directory (config.json + safetensors).", required=True,
+                    flag_values=FLAGS)
+flags.DEFINE_enum("dtype", "float32", list(TOLERANCE), "Compute and parameter dtype of both models.", flag_values=FLAGS)
 flags.DEFINE_string("prompt", "The quick brown fox jumps over the lazy dog. Speculative decoding",
-                    "Text to run; random token ids are used when the directory has no tokenizer.")
-flags.DEFINE_integer("num_random_tokens", 32, "Length of the random sequence used without a tokenizer.")
-flags.DEFINE_float("tolerance", None, "Override the max_abs_diff tolerance of the dtype.")
-FLAGS = flags.FLAGS
+                    "Text to run; random token ids are used when the directory has no tokenizer.", flag_values=FLAGS)
+flags.DEFINE_integer("num_random_tokens", 32, "Length of the random sequence used without a tokenizer.",
+                     flag_values=FLAGS)
+flags.DEFINE_float("tolerance", None, "Override the max_abs_diff tolerance of the dtype.", flag_values=FLAGS)
 
 
 def tokens_for(hf_dir: str, prompt: str, vocab_size: int, n_random: int) -> tuple[np.ndarray, str]:
@@ -64,14 +66,9 @@ def compare(hf_dir: str, dtype: str, prompt: str, n_random: int = 32) -> dict:
             "tokens": int(tokens.shape[1]), "token_source": source}
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    try:
-        result = compare(FLAGS.hf_dir, FLAGS.dtype, FLAGS.prompt, FLAGS.num_random_tokens)
-    except (XpressError, FileNotFoundError) as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 2
+def main(config_unused):
+    del config_unused  # the checkpoint's own config.json is what counts
+    result = compare(FLAGS.hf_dir, FLAGS.dtype, FLAGS.prompt, FLAGS.num_random_tokens)
     tolerance = FLAGS.tolerance if FLAGS.tolerance is not None else TOLERANCE[FLAGS.dtype]
     result.update(tolerance=tolerance, passed=result["max_abs_diff"] <= tolerance)
     print(json.dumps(result))
@@ -79,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, FLAGS)

@@ -11,9 +11,14 @@ import math
 import jax
 from flax import nnx
 
+from absl import flags
+
 from xpress_jax import cli
-from xpress_jax.assemble import drafter_config, new_drafter, new_head, target_config
+from xpress_jax.models.build import drafter_config, new_drafter, new_head, target_config
 from xpress_jax.models.qwen3 import Qwen3
+
+
+FLAGS = flags.FlagValues()  # no flags beyond --config
 
 
 def count(module: nnx.Module) -> int:
@@ -42,4 +47,4 @@ def main(config):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, FLAGS)

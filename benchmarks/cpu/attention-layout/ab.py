@@ -24,8 +24,8 @@ import xpress_jax.models.qwen3 as qwen3
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.decoding import speculative
-from xpress_jax.training import state as st
-from xpress_jax.training.pretrain import next_token_loss
+from xpress_jax.train import state as st
+from xpress_jax.pretrain.target import next_token_loss
 
 
 def attend_before(q, k, v, mask):

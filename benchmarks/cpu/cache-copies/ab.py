@@ -26,7 +26,7 @@ from flax import nnx
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.bench.decode import _fastest_seconds as fastest
+from xpress_jax.timing import fastest_seconds as fastest
 from xpress_jax.decoding.speculative import DecodeOptions, SpecModels, _decode, generate
 
 run, slots, cases = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], sys.argv[3].split(",")

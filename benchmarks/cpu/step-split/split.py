@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from xpress_jax.bench.decode import _fastest_seconds as fastest_seconds
+from xpress_jax.timing import fastest_seconds
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.decoding.speculative import SpecModels, draft_block, prefill, verify_block

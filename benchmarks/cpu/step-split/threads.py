@@ -19,7 +19,7 @@ MEASURE = r'''
 import json, os, sys
 os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(",")})
 import numpy as np
-from xpress_jax.bench.decode import _fastest_seconds as fastest
+from xpress_jax.timing import fastest_seconds as fastest
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.decoding.settings import DecodeSettings

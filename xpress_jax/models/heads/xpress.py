@@ -88,8 +88,8 @@ class FoldedXPress:
     up: jax.Array
     down: jax.Array
     # W_r transposed once at fold time, [vocab, r]: each vocabulary row's r weights are contiguous
-    # (the Markov head's readout layout) and candidate mode gathers whole rows; on a CPU at
-    # Qwen3-8B shapes it took exact K = 4 from 1.07x to 0.93x the Markov head (xpress_jax.bench)
+    # (the Markov head's readout layout), so candidate mode gathers whole rows and the readout
+    # streams the weights in order
     W_r_T: jax.Array
 
     def fold(self) -> "FoldedXPress":

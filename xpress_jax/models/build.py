@@ -13,7 +13,6 @@ import ml_collections
 from flax import nnx
 
 from xpress_jax.config import dtype
-from xpress_jax.decoding.speculative import SpecModels
 from xpress_jax.errors import CheckpointError, ConfigError
 from xpress_jax.methods import HEAD_OF, HEADS, head_kwargs
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
@@ -109,7 +108,7 @@ def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str
 def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False):
     """The drafter and the `train.heads` being trained, randomly initialised (train.init_from
     loads trained weights over them later); `abstract`: shapes only."""
-    from xpress_jax.training.state import Trainable
+    from xpress_jax.train.state import Trainable
     dcfg = drafter_config(config, target_cfg)
     unknown = [h for h in config.train.heads if h not in HEADS]
     if unknown:
@@ -120,16 +119,11 @@ def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False):
 
 
 def build_models(config, checkpoint: str = "", heads=("dflash",)) -> tuple[Qwen3, DFlashDrafter, dict]:
+    """The target, the drafter of `checkpoint` (random without one) and each named head."""
     target = build_target(config)
     drafter = build_drafter(config, target, checkpoint)
     built = {name: build_head(name, config, drafter.cfg, checkpoint) for name in heads}
     return target, drafter, built
-
-
-def spec_models(target, drafter, heads: dict, name: str) -> SpecModels:
-    if name == "target":
-        return SpecModels(target)
-    return SpecModels(target, drafter, heads.get(name))
 
 
 def describe_checkpoint(checkpoint: str) -> dict:

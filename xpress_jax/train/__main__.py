@@ -1,4 +1,4 @@
-"""Train a DFlash drafter and its causal heads against a frozen Qwen3 target.
+r"""Train a DFlash drafter and its causal heads against a frozen Qwen3 target.
 
     python -m xpress_jax.train                                      # tiny CPU run on GSM8K (minutes)
     python -m xpress_jax.train --config=configs/qwen3_8b.py --config.target.hf_dir=/ckpt/Qwen3-8B \
@@ -23,13 +23,16 @@ from absl import flags  # noqa: E402
 
 from xpress_jax import cli  # noqa: E402
 
-flags.DEFINE_bool("dry_run", False, "Compile the train step on abstract arrays and print per-device memory.")
-flags.DEFINE_integer("dry_run_devices", 8, "Fake CPU devices for --dry_run (the mesh of the config must fit).")
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
+flags.DEFINE_bool("dry_run", False, "Compile the train step on abstract arrays and print per-device memory.",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("dry_run_devices", 8, "Fake CPU devices for --dry_run (the mesh of the config must fit).",
+                     flag_values=FLAGS)
 
 
 def main(config):
-    from xpress_jax.training.trainer import dry_run, train
+    from xpress_jax.train.run import train
+    from xpress_jax.train.setup import dry_run
     if FLAGS.dry_run:
         print(json.dumps(dry_run(config)))
         return
@@ -43,4 +46,4 @@ def main(config):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, FLAGS)

@@ -10,35 +10,43 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xpress_jax.config import drafter_training
 from xpress_jax.models.drafter import block_inputs
-from xpress_jax.training import losses
-from xpress_jax.training.anchors import Blocks, make_blocks, previous_anchor, sample_anchors, target_positions
-from xpress_jax.training.state import merge
+from xpress_jax.train import losses
+from xpress_jax.train.anchors import Blocks, make_blocks, previous_anchor, sample_anchors, target_positions
+from xpress_jax.train.state import merge
 
 EPS = 1e-6
 
 
+_TRAIN = drafter_training()
+_LOSS = _TRAIN["loss"]
+
+
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
-    gamma: float = 7.0
-    num_anchors: int = 512
-    anchor_chunk: int = 64
-    dflash_ce: float = 1.0
-    tv: float = 1.0  # weight of TV next to CE in XPress / head losses
-    xpress_teacher_forced: float = 1.0
-    xpress_anchor: float = 1.0
-    xpress_consistency: float = 1.0
-    markov: float = 1.0
-    gru: float = 1.0
-    dloop: float = 0.0  # > 0: D-Loop's complementary objective replaces the DFlash CE
-    dloop_beta: float = 0.8
-    dloop_tau_s: float = 7.0
-    dflash_ce_with_xpress: bool = False  # see config.train.loss
-    remat: bool = True
+    """`train.loss` with the anchor fields of `train`; defaults are the config's (`drafter_training`)."""
+    gamma: float = _LOSS["gamma"]
+    num_anchors: int = _TRAIN["num_anchors"]
+    anchor_chunk: int = _TRAIN["anchor_chunk"]
+    dflash_ce: float = _LOSS["dflash_ce"]
+    tv: float = _LOSS["tv"]  # weight of TV next to CE in XPress / head losses
+    xpress_teacher_forced: float = _LOSS["xpress_teacher_forced"]
+    xpress_anchor: float = _LOSS["xpress_anchor"]
+    xpress_consistency: float = _LOSS["xpress_consistency"]
+    markov: float = _LOSS["markov"]
+    gru: float = _LOSS["gru"]
+    dloop: float = _LOSS["dloop"]  # > 0: D-Loop's complementary objective replaces the DFlash CE
+    dloop_beta: float = _LOSS["dloop_beta"]
+    dloop_tau_s: float = _LOSS["dloop_tau_s"]
+    dflash_ce_with_xpress: bool = _LOSS["dflash_ce_with_xpress"]
+    remat: bool = _TRAIN["remat"]
 
     @classmethod
-    def from_config(cls, loss_cfg, num_anchors: int, anchor_chunk: int, remat: bool) -> "LossSettings":
-        return cls(num_anchors=num_anchors, anchor_chunk=anchor_chunk, remat=remat, **loss_cfg.to_dict())
+    def from_config(cls, train) -> "LossSettings":
+        """From a config's `train` section."""
+        return cls(num_anchors=train.num_anchors, anchor_chunk=train.anchor_chunk, remat=train.remat,
+                   **train.loss.to_dict())
 
 
 def _chunk(x, n_chunks):

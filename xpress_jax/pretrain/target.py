@@ -8,7 +8,6 @@ loss, and a report of the greedy answers' repetition.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -20,15 +19,14 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
-from tqdm import tqdm
 
-from xpress_jax import files, sharding
-from xpress_jax.assemble import target_config, trainable_dtypes
+from xpress_jax import atomic, sharding
+from xpress_jax.models.build import target_config, trainable_dtypes
 from xpress_jax.config import dtype
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.qwen3 import Qwen3
-from xpress_jax.training import state as st
-from xpress_jax.training.state_checkpoints import Checkpointer
+from xpress_jax.train import state as st
+from xpress_jax.train import loop
 
 log = logging.getLogger("xpress_jax.pretrain")
 
@@ -41,12 +39,6 @@ def next_token_loss(model: Qwen3, ids, mask):
     nll = -jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]  # [batch, T-1]
     weight = mask[:, 1:].astype(jnp.float32)
     return jnp.sum(nll * weight) / jnp.maximum(jnp.sum(weight), 1.0), jnp.sum(weight)
-
-
-def make_optimizer(p, steps: int):
-    schedule = st.make_schedule(p, steps)
-    return optax.chain(optax.clip_by_global_norm(p.grad_clip),
-                       optax.adamw(schedule, b1=p.b1, b2=p.b2, weight_decay=p.weight_decay)), schedule
 
 
 def make_step(graphdef, tx, schedule):
@@ -134,12 +126,12 @@ def distinct_ngram_ratio(tokens: list[int], n: int) -> float:
 def greedy_report(model: Qwen3, tokenizer, records, *, max_new_tokens: int, n: int = 4) -> dict:
     """Greedy answers to validation questions: distinct n-gram ratios and a few examples."""
     from xpress_jax.data.chat import normalise_messages, prompt_ids
-    from xpress_jax.decoding.speculative import SpecModels, generate
+    from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     questions = [normalise_messages(r)[0]["content"] for r in records]
     prompts = [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
     out = generate(SpecModels(model), prompts, decoder="target", max_new_tokens=max_new_tokens, stop_ids=stops,
-                   pad_multiple=64)
+                   pad_multiple=PROMPT_BUCKET)
     answers = [[t for t in toks if t not in stops] for toks in out.tokens]
     ratios = {f"distinct_{k}": round(float(np.mean([distinct_ngram_ratio(a, k) for a in answers])), 4)
               for k in (1, 2, n)}
@@ -160,7 +152,8 @@ class TargetLayout:
         self.graphdef, params = st.split_params(model)
         shardings = st.param_shardings(st.flat_axes(model), {k: v.shape for k, v in params.items()}, self.mesh)
         self.params = params if abstract else {k: jax.device_put(v, shardings[k]) for k, v in params.items()}
-        self.tx, self.schedule = make_optimizer(p, p.steps)
+        self.schedule = st.make_schedule(p, p.steps)
+        self.tx = st.make_optimizer(p, p.steps)
         replicated = NamedSharding(self.mesh, P())
         abstract_state = jax.eval_shape(lambda q: st.init_state(q, self.tx, config.seed), params)
         self.state_sharding = {"step": replicated, "params": shardings, "key": replicated, "bad_steps": replicated,
@@ -178,7 +171,7 @@ def write_target(model: Qwen3, out_dir: str, tokenizer_dir: str, dtype_=None) ->
 
 def export_target(config, run: str, out: str, *, step: int | None, dtype_name: str) -> dict:
     """Any Orbax step of a pretraining run as an HF directory."""
-    from xpress_jax.training.state_checkpoints import restore_run_step
+    from xpress_jax.train.checkpointer import restore_run_step
     layout = TargetLayout(config, abstract=True)
     step, state = restore_run_step(run, step, layout.abstract_state)
     write_target(st.merge(layout.graphdef, jax.device_get(state["params"])), out, os.path.join(run, "tokenizer"),
@@ -221,43 +214,23 @@ def pretrain(config, *, out_dir: str | None = None, stop_after: int | None = Non
     step_fn = jax.jit(make_step(graphdef, tx, layout.schedule), in_shardings=(state_sharding, batch_sharding),
                       out_shardings=(state_sharding, None), donate_argnums=(0,))
     # what `xpress_jax.export` rebuilds from
-    files.write_text(os.path.join(out_dir, "run_config.json"), config.to_json_best_effort(indent=2))
+    atomic.write_text(os.path.join(out_dir, "run_config.json"), config.to_json_best_effort(indent=2))
 
     batches = PackedBatches(train_records, tokenizer, p.max_len, p.batch_size, config.seed)
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), save_every=p.save_every, keep=2,
-                        async_save=config.train.async_checkpointing)
-    start = ckpt.latest_step()
-    if start is not None:
-        state, data_state = ckpt.restore(start, layout.abstract_state)
-        batches.set_state(data_state)
+    ckpt = loop.checkpointer(p, out_dir)
+    resumed = loop.resume(ckpt, layout.abstract_state, batches)
+    if resumed is not None:
+        start, state = resumed
     else:
-        state = jax.jit(lambda q: st.init_state(q, tx, config.seed), out_shardings=state_sharding)(layout.params)
         start = 0
-    end = p.steps if stop_after is None else min(p.steps, start + stop_after)
-    bar = tqdm(total=p.steps, initial=start, desc="pretrain target", dynamic_ncols=True)
-    log_path = open(os.path.join(out_dir, "log.jsonl"), "a")
-    step, t0, tokens, last = start, time.perf_counter(), 0.0, {}
-    try:
-        while step < end:
-            local = next(batches)
-            batch = {k: jax.device_put(np.asarray(v), batch_sharding) for k, v in local.items()}
-            state, metrics = step_fn(state, batch)
-            step += 1
-            tokens += float(np.sum(local["mask"]))
-            if step % p.log_every == 0 or step == end:
-                last = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                last["tokens_per_s"] = round(tokens / (time.perf_counter() - t0), 1)
-                tokens, t0 = 0.0, time.perf_counter()
-                log_path.write(json.dumps({"step": step, **last}) + "\n")
-                log_path.flush()
-                bar.set_postfix(loss=f"{last['loss']:.3f}")
-            bar.update(1)
-            if ckpt.manager.should_save(step) or step == p.steps:
-                ckpt.save(step, state, batches.get_state(), force=step == p.steps)
-    finally:
-        bar.close()
-        ckpt.close()
-        log_path.close()
+        state = jax.jit(lambda q: st.init_state(q, tx, config.seed), out_shardings=state_sharding)(layout.params)
+
+    def place(state, local):
+        return step_fn(state, {k: jax.device_put(np.asarray(v), batch_sharding) for k, v in local.items()})
+
+    state, step, last = loop.run_loop(place, state, batches, section=p, total_steps=p.steps, start=start,
+                                      ckpt=ckpt, out_dir=out_dir, desc="pretrain target",
+                                      count_tokens=lambda local: int(np.sum(local["mask"])), stop_after=stop_after)
     summary = {"step": step, "steps": p.steps}
     if step < p.steps:
         return summary
@@ -272,5 +245,5 @@ def pretrain(config, *, out_dir: str | None = None, stop_after: int | None = Non
     report_records = [r for r in val_records if r["id"].startswith("gsm8k")][:p.report_prompts // 2]
     report_records += [r for r in val_records if r["id"].startswith("stdlib")][:p.report_prompts // 2]
     summary["greedy"] = greedy_report(trained, tokenizer, report_records, max_new_tokens=p.report_max_new_tokens)
-    files.write_json(os.path.join(out_dir, "pretrain.json"), summary)
+    atomic.write_json(os.path.join(out_dir, "pretrain.json"), summary)
     return summary

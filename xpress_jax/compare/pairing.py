@@ -1,33 +1,15 @@
-"""Compare two methods prompt by prompt, within one eval report or across two.
-
-    python -m xpress_jax.compare --method=runs/a/results.json:xpress.frozen --reference=runs/a/results.json:markov
-    python -m xpress_jax.compare --method=benchmarks/tiny/results.json:T0:xpress \\
-        --reference=runs/ctrl/results.json:dflash.ctrl100
-
-Each side is REPORT:LABEL, where REPORT is an `xpress_jax.eval` results.json, or a reproduction's
-results.json with the temperature named too (REPORT:T0:LABEL). For every dataset both reports
-hold, it prints tau(method) / tau(reference) with a 95% paired bootstrap over prompts
-(`significance.paired_tau_ratio`). Pairing needs the same prompts decoded the same way, so reports
-whose eval settings differ in what decides the prompts or the tokens are refused, and so are
-reports whose target-only rows gave different answer lengths (another target, or other prompts).
-So are reports made before eval kept per-prompt figures.
-"""
+"""Two methods of one or two eval reports, paired prompt by prompt: the reports are checked to
+have decoded the same prompts the same way, then tau(method) / tau(reference) is bootstrapped
+over prompts (`report.significance.paired_tau_ratio`) for every dataset both hold."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from absl import flags
-
-from xpress_jax import cli, files
 from xpress_jax.errors import InputError
-from xpress_jax.evaluation import tau_ratio
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string("method", None, "REPORT:LABEL (or REPORT:T0:LABEL for a reproduction's results.json).")
-flags.DEFINE_string("reference", None, "REPORT:LABEL of the method to divide by.")
-flags.DEFINE_string("out", "", "Also write the comparison as JSON here.")
+from xpress_jax.eval.metrics import tau_ratio
+from xpress_jax.report.tables import markdown_table
 
 # the eval settings that decide which prompts are decoded and which tokens come out
 PAIRING_SETTINGS = ("num_prompts", "max_new_tokens", "max_prompt_tokens", "temperature", "seed")
@@ -73,8 +55,7 @@ def compare(method: tuple[dict, str], reference: tuple[dict, str]) -> dict:
             if name not in r:
                 raise InputError(f"{ds}: no method {name!r}; the report has {sorted(r)}")
             if "per_prompt" not in r[name]:
-                raise InputError(f"{ds}/{name}: the report has no per-prompt figures (made before eval kept "
-                                 f"them); evaluate it again")
+                raise InputError(f"{ds}/{name}: the report has no per-prompt figures; evaluate it again")
         # the target-only row's tokens per prompt: a different target or prompt set shows here
         lengths = [r.get("target", {}).get("per_prompt", {}).get("committed") for r in (rows, ref_rows)]
         if lengths[0] != lengths[1]:
@@ -86,22 +67,6 @@ def compare(method: tuple[dict, str], reference: tuple[dict, str]) -> dict:
 
 
 def markdown(result: dict, label: str, ref_label: str) -> str:
-    lines = [f"| dataset | {label} tau | {ref_label} tau | ratio | 95% interval |", "|---|---|---|---|---|"]
-    lines += [f"| {ds} | {r['tau']:.3f} | {r['tau_reference']:.3f} | {r['ratio']:.3f} | "
-              f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f} |" for ds, r in result.items()]
-    return "\n".join(lines) + "\n"
-
-
-def main(config_unused):
-    del config_unused  # compares finished reports; no model is built
-    if not FLAGS.method or not FLAGS.reference:
-        raise InputError("--method and --reference are required")
-    method, reference = read_side(FLAGS.method), read_side(FLAGS.reference)
-    result = compare(method, reference)
-    print(markdown(result, method[1], reference[1]), end="")
-    if FLAGS.out:
-        files.write_json(FLAGS.out, {"method": FLAGS.method, "reference": FLAGS.reference, "results": result})
-
-
-if __name__ == "__main__":
-    cli.run(main)
+    return markdown_table(["dataset", f"{label} tau", f"{ref_label} tau", "ratio", "95% interval"],
+                          [[ds, f"{r['tau']:.3f}", f"{r['tau_reference']:.3f}", f"{r['ratio']:.3f}",
+                            f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}"] for ds, r in result.items()])

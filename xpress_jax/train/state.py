@@ -56,19 +56,22 @@ def trainable_labels(params: dict, trainable: str) -> dict[str, str]:
     return {k: label(k) for k in params}
 
 
-def make_schedule(train_cfg, total_steps: int):
-    warmup = max(1, int(train_cfg.warmup_fraction * total_steps))
-    return optax.warmup_cosine_decay_schedule(0.0, train_cfg.lr, warmup, max(total_steps, warmup + 1),
-                                              end_value=train_cfg.lr * train_cfg.final_lr_fraction)
+def make_schedule(section, total_steps: int):
+    warmup = max(1, int(section.warmup_fraction * total_steps))
+    return optax.warmup_cosine_decay_schedule(0.0, section.lr, warmup, max(total_steps, warmup + 1),
+                                              end_value=section.lr * section.final_lr_fraction)
 
 
-def make_optimizer(train_cfg, total_steps: int, params: dict):
-    """AdamW (weight decay as configured; DFlash uses 0) with global-norm clipping; frozen parts get no update."""
-    adamw = optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip),
-                        optax.adamw(make_schedule(train_cfg, total_steps), b1=train_cfg.b1, b2=train_cfg.b2,
-                                    weight_decay=train_cfg.weight_decay))
-    return optax.multi_transform({"train": adamw, "freeze": optax.set_to_zero()},
-                                 trainable_labels(params, train_cfg.trainable))
+def make_optimizer(section, total_steps: int, labels: dict[str, str] | None = None):
+    """The one optimizer of every training run: AdamW on the section's warmup + cosine schedule
+    (weight decay as configured; DFlash uses 0) after global-norm clipping. With `labels`
+    ({parameter: "train" | "freeze"}, `trainable_labels`) the frozen parameters get no update."""
+    adamw = optax.chain(optax.clip_by_global_norm(section.grad_clip),
+                        optax.adamw(make_schedule(section, total_steps), b1=section.b1, b2=section.b2,
+                                    weight_decay=section.weight_decay))
+    if labels is None:
+        return adamw
+    return optax.multi_transform({"train": adamw, "freeze": optax.set_to_zero()}, labels)
 
 
 def param_shardings(axes: dict[str, tuple], shapes: dict[str, tuple], mesh, rules=None) -> dict:

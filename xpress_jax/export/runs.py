@@ -1,16 +1,6 @@
-"""Export any Orbax step of a run to PyTorch-loadable files.
-
-    python -m xpress_jax.export --run=runs/repro/xpress --out=/tmp/xpress_hf            # latest step
-    python -m xpress_jax.export --run=runs/repro/xpress --step=100 --out=DIR --dtype=float32
-    python -m xpress_jax.export --run=runs/repro/dflash --out=DIR --target               # + the target
-
-A drafter run (python -m xpress_jax.train) gives the drafter in the DFlash layout
-(`config.json` + `model.safetensors`, what `dflash`, SGLang and vLLM load) and its heads in
-`heads/NAME.safetensors` with `heads/NAME.config.json`; `--target` adds the run's target as an HF
-Qwen3 directory with its tokenizer in OUT/target. A target run (python -m xpress_jax.pretrain)
-gives the target itself as an HF Qwen3 directory in OUT. The end-of-run export of both commands
-is this same code.
-"""
+"""A run directory's checkpoints as files other frameworks load: a drafter run (`train`) as the
+DFlash layout plus heads, a target run (`pretrain`) as an HF Qwen3 directory. The run's own
+recorded config says which kind it is and rebuilds its shapes."""
 
 from __future__ import annotations
 
@@ -18,18 +8,8 @@ import json
 import os
 
 import ml_collections
-from absl import flags
 
-from xpress_jax import cli
 from xpress_jax.errors import CheckpointError, InputError
-
-flags.DEFINE_string("run", None, "Run directory (train.out_dir or pretrain's output).")
-flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the latest).")
-flags.DEFINE_string("out", None, "Output directory (must not exist or be empty, unless --overwrite).")
-flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32", "float16"], "Weight dtype of the files.")
-flags.DEFINE_bool("target", False, "Also write the run's target as an HF Qwen3 directory (OUT/target).")
-flags.DEFINE_bool("overwrite", False, "Write into a non-empty output directory.")
-FLAGS = flags.FLAGS
 
 RUN_CONFIG = "config.json"  # what train() records of a drafter run
 TARGET_RUN_CONFIG = "run_config.json"  # what pretrain() records of a target run
@@ -69,8 +49,9 @@ def prepare_output(out: str, overwrite: bool) -> None:
 
 def export_drafter_run(run: str, config, out: str, *, step: int | None, dtype_name: str, with_target: bool) -> dict:
     from xpress_jax.config import dtype
-    from xpress_jax.training.state_checkpoints import restore_run_step
-    from xpress_jax.training.trainer import Setup, export, host_params
+    from xpress_jax.train.checkpointer import restore_run_step
+    from xpress_jax.train.run import export, host_params
+    from xpress_jax.train.setup import Setup
     setup = Setup(config, abstract=True)
     step, state = restore_run_step(run, step, setup.abstract_state)
     export(setup, host_params(state["params"]), out, dtype=dtype(dtype_name))
@@ -81,7 +62,7 @@ def export_drafter_run(run: str, config, out: str, *, step: int | None, dtype_na
 
 
 def _head_names(setup) -> list[str]:
-    from xpress_jax.training.state import merge
+    from xpress_jax.train.state import merge
     return list(merge(setup.graphdef, setup.params).head_names())
 
 
@@ -89,14 +70,14 @@ def export_target_of(config, out: str, dtype_name: str) -> str:
     """The target a drafter run trained against, as an HF directory with its tokenizer."""
     from xpress_jax.checkpoints.hf_qwen3 import save_qwen3
     from xpress_jax.config import dtype
-    from xpress_jax.assemble import build_target
+    from xpress_jax.models.build import build_target
     target = build_target(config)
     save_qwen3(target, out, tokenizer_dir=config.data.tokenizer_dir or config.target.hf_dir, dtype=dtype(dtype_name))
     return out
 
 
 def export_target_run(run: str, config, out: str, *, step: int | None, dtype_name: str) -> dict:
-    from xpress_jax.training.pretrain import export_target
+    from xpress_jax.pretrain.target import export_target
     return export_target(config, run, out, step=step, dtype_name=dtype_name)
 
 
@@ -106,24 +87,3 @@ def check_has_checkpoints(run: str) -> None:
     steps = [d for d in os.listdir(directory) if d.isdigit()] if os.path.isdir(directory) else []
     if not steps:
         raise CheckpointError(f"{run}: no checkpoint in {directory}")
-
-
-def main(config_unused):
-    del config_unused  # the run's own config is what counts
-    if not FLAGS.run or not FLAGS.out:
-        raise InputError("--run and --out are required")
-    kind, config = read_run_config(FLAGS.run)
-    check_has_checkpoints(FLAGS.run)
-    if FLAGS.target and kind == "drafter" and not config.target.hf_dir:
-        raise InputError("--target: this run's target was random (no target.hf_dir); there is nothing to export")
-    prepare_output(FLAGS.out, FLAGS.overwrite)
-    if kind == "target":
-        summary = export_target_run(FLAGS.run, config, FLAGS.out, step=FLAGS.step, dtype_name=FLAGS.dtype)
-    else:
-        summary = export_drafter_run(FLAGS.run, config, FLAGS.out, step=FLAGS.step, dtype_name=FLAGS.dtype,
-                                     with_target=FLAGS.target)
-    print(json.dumps(summary))
-
-
-if __name__ == "__main__":
-    cli.run(main)

@@ -17,11 +17,16 @@ import time
 import jax
 import numpy as np
 
+from absl import flags
+
 from xpress_jax import cli
-from xpress_jax.assemble import build_target
+from xpress_jax.models.build import build_target
 from xpress_jax.decoding.speculative import generate_greedy
 
 log = logging.getLogger("xpress_jax.sample")
+
+
+FLAGS = flags.FlagValues()  # no flags beyond --config
 
 
 def main(config):
@@ -53,4 +58,4 @@ def main(config):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, FLAGS)

@@ -40,8 +40,8 @@ def acceptance_per_position(results: dict, path: str) -> None:
     _save(fig, path)
 
 
-def tau_against_k(sweep: dict, reference: dict, path: str) -> None:
-    """tau of each XPress method against Jacobi iterations K, with the other methods as flat lines,
+def tau_against_iterations(sweep: dict, reference: dict, path: str) -> None:
+    """tau of each XPress method against its Jacobi iterations, with the other methods as flat lines,
     and one legend for all panels beside them (a dozen lines would hide a panel's own)."""
     datasets = list(sweep)
     fig, axes = _panels(len(datasets), 5, 3.6)
@@ -54,7 +54,7 @@ def tau_against_k(sweep: dict, reference: dict, path: str) -> None:
             ax.plot(ks, [by_k[str(k)] for k in ks], marker="o", label=label, color=colors[labels.index(label)])
         for head, tau in reference.get(ds, {}).items():
             ax.axhline(tau, ls="--", lw=1, label=head, color=colors[labels.index(head)])
-        ax.set(title=ds, xlabel="Jacobi iterations K", ylabel="tau (acceptance length)")
+        ax.set(title=ds, xlabel="Jacobi iterations", ylabel="tau (acceptance length)")
         _finish(ax, legend=False)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
@@ -63,20 +63,20 @@ def tau_against_k(sweep: dict, reference: dict, path: str) -> None:
     plt.close(fig)
 
 
-def latency_against_k(heads_result: dict, path: str) -> None:
-    """Exact XPress latency against Jacobi K with the serial heads and candidate mode as flat lines
+def latency_against_iterations(heads_result: dict, path: str) -> None:
+    """Exact XPress latency against Jacobi iterations with the serial heads and candidate mode as flat lines
     (the XPress paper's Figure 3), one panel per batch size."""
     batches = list(heads_result["batches"])
     fig, axes = _panels(len(batches), 5, 3.6)
     for ax, batch in zip(axes, batches):
         sec = heads_result["batches"][batch]["seconds"]
-        ks = sorted(int(k[len("xpress_K"):]) for k in sec if k[len("xpress_K"):].isdigit())
-        ax.plot(ks, [sec[f"xpress_K{k}"] * 1e3 for k in ks], marker="o", label="XPress exact")
+        ks = sorted(int(k[len("xpress_it"):]) for k in sec if k[len("xpress_it"):].isdigit())
+        ax.plot(ks, [sec[f"xpress_it{k}"] * 1e3 for k in ks], marker="o", label="XPress exact")
         for i, (name, label) in enumerate((("markov", "Markov (serial)"), ("gru", "GRU (serial)"),
-                                           ("xpress_K4_early_stop", "XPress K<=4, early stop"),
-                                           ("xpress_K4_top32", "XPress K=4, top-32"))):
+                                           ("xpress_it4_early_stop", "XPress <= 4 iterations, early stop"),
+                                           ("xpress_it4_top32", "XPress 4 iterations, top-32"))):
             ax.axhline(sec[name] * 1e3, ls="--", lw=1, color=f"C{i + 1}", label=label)
-        ax.set(title=f"batch {batch}", xlabel="Jacobi iterations K", ylabel="ms per block", ylim=(0, None))
+        ax.set(title=f"batch {batch}", xlabel="Jacobi iterations", ylabel="ms per block", ylim=(0, None))
         _finish(ax)
     _save(fig, path)
 
@@ -86,8 +86,8 @@ def draft_step_breakdown(heads_result: dict, path: str) -> None:
     solve (the XPress paper's Figure 5), one panel per batch size."""
     batches = list(heads_result["batches"])
     fig, axes = _panels(len(batches), 5.5, 3.8)
-    methods = (("dflash", None), ("markov", "markov"), ("gru", "gru"), ("xpress K=4", "xpress_K4"),
-               ("xpress early", "xpress_K4_early_stop"), ("xpress top-32", "xpress_K4_top32"))
+    methods = (("dflash", None), ("markov", "markov"), ("gru", "gru"), ("xpress 4 it.", "xpress_it4"),
+               ("xpress early", "xpress_it4_early_stop"), ("xpress top-32", "xpress_it4_top32"))
     for ax, batch in zip(axes, batches):
         sec = heads_result["batches"][batch]["seconds"]
         x = range(len(methods))

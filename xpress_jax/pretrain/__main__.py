@@ -14,13 +14,13 @@ from absl import flags
 
 from xpress_jax import cli
 
-flags.DEFINE_string("out", None, "Output directory (default: pretrain.out_dir of the config).")
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
+flags.DEFINE_string("out", None, "Output directory (default: pretrain.out_dir of the config).", flag_values=FLAGS)
 
 
 def main(config):
     import os
-    from xpress_jax.training.pretrain import pretrain
+    from xpress_jax.pretrain.target import pretrain
     cli.log_to_file(os.path.join(FLAGS.out or config.pretrain.out_dir, "log.txt"))
     summary = pretrain(config, out_dir=FLAGS.out)
     summary.pop("greedy", None)
@@ -28,4 +28,4 @@ def main(config):
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, FLAGS)

@@ -26,19 +26,22 @@ import os
 from absl import flags
 
 from xpress_jax import cli
-from xpress_jax.reproduction import publish, reproduce, table
+from xpress_jax.reproduce.stages import publish, reproduce, table
 
-flags.DEFINE_string("out", None, "Run directory (default: reproduce.out_dir of the config).")
-flags.DEFINE_list("stages", None, "Run only these stages (default: all, in order; earlier ones must be done).")
-flags.DEFINE_string("publish", "", "Also copy the results, table and plots to this directory (e.g. benchmarks/tiny).")
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
+DEFAULT_CONFIG = cli.config_path("tiny_repro.py")
+flags.DEFINE_string("out", None, "Run directory (default: reproduce.out_dir of the config).", flag_values=FLAGS)
+flags.DEFINE_list("stages", None, "Run only these stages (default: all, in order; earlier ones must be done).",
+                  flag_values=FLAGS)
+flags.DEFINE_string("publish", "", "Also copy the results, table and plots to this directory (e.g. benchmarks/tiny).",
+                    flag_values=FLAGS)
 
 
 def main(config):
     run = FLAGS.out or config.reproduce.out_dir
     results = reproduce(config, run, FLAGS.stages)
     print(table(results))
-    plots = [os.path.join(run, "eval", t, p) for t in results["eval"] for p in ("acceptance.png", "tau_vs_k.png")
+    plots = [os.path.join(run, "eval", t, p) for t in results["eval"] for p in ("acceptance.png", "tau_vs_iterations.png")
              if os.path.isfile(os.path.join(run, "eval", t, p))]
     print(f"results: {os.path.join(run, 'results.json')}, {os.path.join(run, 'table.md')}")
     if plots:
@@ -49,4 +52,4 @@ def main(config):
 
 
 if __name__ == "__main__":
-    cli.run(main, default_config=cli.config_path("tiny_repro.py"))
+    cli.run(main, FLAGS, DEFAULT_CONFIG)

@@ -5,6 +5,7 @@ each stage trains, its config, running it with caching and resumption, and gathe
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -14,7 +15,8 @@ import sys
 import time
 import uuid
 
-from xpress_jax import cli, files
+from xpress_jax import atomic, cli
+from xpress_jax.eval.settings import EvalSettings
 
 # stage -> how it trains: budget (a `reproduce` field), what trains, which heads, the stage it
 # starts from (its export) and loss overrides
@@ -39,9 +41,9 @@ NEEDS = {"target": (), "regen": ("target",), "eval": STAGES[:-1],  # done before
 
 # The config fields that decide what a stage produces. A finished stage records them (and the
 # DONE.json of each stage it was built on); a later run reuses it only while they still match.
-_NOT_RESULTS = {"out_dir", "save_every", "log_every", "keep", "async_checkpointing", "allow_config_change",
-                "report_prompts", "report_max_new_tokens", "init_from", "train_files", "tokenizer_dir", "distributed",
-                "time_split"}
+_NOT_RESULTS = {"out_dir", "save_every", "log_every", "keep", "async_checkpointing", "max_bad_steps",
+                "allow_config_change", "report_prompts", "report_max_new_tokens", "init_from", "train_files",
+                "tokenizer_dir", "distributed", "time_split"}
 _STAGE_FIELDS = {"target": ("seed", "target.arch", "pretrain", "drafter.mask_token_id"),
                  "regen": ("reproduce.regen_records", "reproduce.regen_max_new_tokens", "data.max_len"),
                  "eval": ("eval", "reproduce.temperatures", "reproduce.speed_verify_tokens")}
@@ -77,12 +79,9 @@ def _done_digest(run: str, stage: str) -> str:
 
 
 def stale_reason(config, run: str, stage: str) -> str | None:
-    """Why the finished `stage` no longer matches the config or the stages it was built on (None: it does).
-    Stages finished before settings were recorded are trusted."""
+    """Why the finished `stage` does not match the config or the stages it was built on (None: it does)."""
     with open(_done_path(run, stage)) as f:
         done = json.load(f)
-    if "settings" not in done:
-        return None
     now = stage_settings(config, stage)
     changed = sorted(k for k in set(now) | set(done["settings"]) if now.get(k) != done["settings"].get(k))
     if changed:
@@ -113,7 +112,7 @@ def _add_elapsed(run: str, stage: str, seconds: float) -> float:
     if os.path.isfile(path):
         with open(path) as f:
             total += json.load(f)["seconds"]
-    files.write_json(path, {"seconds": round(total, 1)})
+    atomic.write_json(path, {"seconds": round(total, 1)})
     return total
 
 
@@ -123,7 +122,7 @@ def _mark_done(config, run: str, stage: str, seconds: float, summary: dict) -> N
     record = {"stage": stage, "seconds": round(seconds, 1), **summary, "finish_id": uuid.uuid4().hex,
               "settings": stage_settings(config, stage),
               "inputs": {need: _done_digest(run, need) for need in NEEDS[stage]}}
-    files.write_json(path, record)
+    atomic.write_json(path, record)
 
 
 def stage_config(config, run: str, stage: str):
@@ -148,7 +147,7 @@ def stage_config(config, run: str, stage: str):
 def run_stage(config, run: str, stage: str) -> dict:
     c = stage_config(config, run, stage)
     if stage == "target":
-        from xpress_jax.training.pretrain import pretrain
+        from xpress_jax.pretrain.target import pretrain
         summary = pretrain(c, out_dir=os.path.join(run, "target"))
         greedy = summary.pop("greedy", {})
         return {**summary, **{k: v for k, v in greedy.items() if k != "examples"}}
@@ -156,7 +155,7 @@ def run_stage(config, run: str, stage: str) -> dict:
         return regenerate_sample(c, run)
     if stage == "eval":
         return evaluate_all(c, run)
-    from xpress_jax.training.trainer import train
+    from xpress_jax.train.run import train
     result = train(c)
     return {"step": result["step"], "steps": result["steps"], "final_metrics": result["metrics"]}
 
@@ -166,7 +165,7 @@ def regenerate_sample(config, run: str) -> dict:
     import numpy as np
     from xpress_jax.data.corpus import write_jsonl
     from xpress_jax.data.dataset import read_records
-    from xpress_jax.generate import regenerate
+    from xpress_jax.generate.regenerate import regenerate
     r = config.reproduce
     sample = os.path.join(run, "regen", "questions.jsonl")
     if not os.path.isfile(sample):  # fixed once, so a resumed stage continues the same sample
@@ -178,36 +177,37 @@ def regenerate_sample(config, run: str) -> dict:
 
 
 def trained_methods(run: str, dloop_branches=(1,)):
-    """Every trained stage's export as a method; D-Loop ones once per K in eval.dloop_branches."""
-    from xpress_jax.evaluation import Method, with_branches
+    """Every trained stage's export as a method; D-Loop ones once per branch count in eval.dloop_branches."""
+    from xpress_jax.eval.evaluate import Method, with_branches
     return with_branches([Method(label, label.split(".")[0], os.path.join(run, label, "export"))
                           for label in TRAIN_STAGES], dloop_branches)
 
 
-def eval_passes(config, run: str) -> list[tuple[str, dict]]:
+def eval_passes(config, run: str) -> list[tuple[str, EvalSettings]]:
     """(name, eval settings) of each eval pass: every temperature with whole blocks verified (the
     papers' tau), then, with reproduce.speed_verify_tokens = m > 0, every temperature again with
-    the target verifying each block's first m drafts (`T0_v4`), for wall-clock speed only (no K
-    sweep or candidate mode)."""
+    the target verifying each block's first m drafts (`T0_v4`), for wall-clock speed only (no
+    iteration sweep or candidate mode)."""
     m = int(config.reproduce.speed_verify_tokens)
+    base = EvalSettings.from_config(config.eval)
     passes = []
     for verify_tokens in (0, m) if m else (0,):
         for temperature in config.reproduce.temperatures:
             name = f"T{temperature:g}" + (f"_v{verify_tokens}" if verify_tokens else "")
-            e = {**config.eval.to_dict(), "temperature": float(temperature), "verify_tokens": verify_tokens,
-                 "out_dir": os.path.join(run, "eval", name)}
-            if temperature != 0 or verify_tokens:  # the K sweep and candidate mode at T = 0, whole blocks
-                e["jacobi_k"], e["candidate_k"] = (), 0
-            passes.append((name, e))
+            s = dataclasses.replace(base, temperature=float(temperature), verify_tokens=verify_tokens,
+                                    out_dir=os.path.join(run, "eval", name))
+            if temperature != 0 or verify_tokens:  # the iteration sweep and candidate mode at T = 0, whole blocks
+                s = dataclasses.replace(s, iteration_sweep=(), candidate_k=0)
+            passes.append((name, s))
     return passes
 
 
 def evaluate_all(config, run: str) -> dict:
-    from xpress_jax.evaluation import evaluate
+    from xpress_jax.eval.evaluate import evaluate
     out = {}
-    for name, e in eval_passes(config, run):
-        greedy = e["temperature"] == 0
-        report, failures = evaluate(config, trained_methods(run, e["dloop_branches"]), e, check_lossless=greedy)
+    for name, s in eval_passes(config, run):
+        greedy = s.temperature == 0
+        report, failures = evaluate(config, trained_methods(run, s.dloop_branches), s, check_lossless=greedy)
         if failures:
             raise RuntimeError(f"{name}: {failures} outputs at temperature 0 differ from target-only decoding")
         out[name] = report
@@ -247,11 +247,10 @@ SAME_BUDGET = "dflash.more"
 
 def same_budget_ratios(report: dict) -> dict:
     """{dataset: {method: tau / tau(dflash.more) with its 95% paired interval}}: each method against
-    the DFlash drafter trained as many more steps as the method's own stage (empty before that
-    stage existed, or in reports without per-prompt figures)."""
-    from xpress_jax.evaluation import ratios_against
-    return {ds: ratios_against(rows, SAME_BUDGET) for ds, rows in report["results"].items()
-            if "per_prompt" in rows.get(SAME_BUDGET, {})}
+    the DFlash drafter trained as many more steps as the method's own stage (empty where the eval
+    did not measure dflash.more)."""
+    from xpress_jax.eval.metrics import ratios_against
+    return {ds: ratios_against(rows, SAME_BUDGET) for ds, rows in report["results"].items() if SAME_BUDGET in rows}
 
 
 def pass_title(name: str) -> str:
@@ -265,43 +264,35 @@ def table(results: dict) -> str:
     """Per temperature and dataset: every method's tau, per-prompt tau, its tau against DFlash's with
     the 95% paired-bootstrap interval over prompts, repetition (and, in brackets, that of the drafter's
     own one-pass block at the same steps), speedup, and D-Loop's kept prefixes."""
-    from xpress_jax.evaluation import repetition_cell
-
-    def ratio_cell(c):
-        return f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
+    from xpress_jax.eval.report import ratio_cell, repetition_cell
+    from xpress_jax.report.tables import markdown_table
 
     lines = []
     for name, report in results["eval"].items():
         same_budget = results.get("tau_vs_same_budget", {}).get(name, {})
-        budget_column = f" tau / {SAME_BUDGET} (95%) |" if same_budget else ""
-        lines += [f"\n### {pass_title(name)}\n",
-                  f"| dataset | method | tau | tau (per-prompt mean) | tau / dflash (95%) |{budget_column} "
-                  "repetition (drafter's block) | tokens/s | speedup |",
-                  "|---|---|---|---|---|" + "---|" * bool(same_budget) + "---|---|---|"]
-        for ds, rows in report["results"].items():
-            for label, r in rows.items():
-                # tau_vs_reference is absent from reports made before it existed
-                vs = ratio_cell(r.get("tau_vs_reference"))
-                if same_budget:
-                    vs += f" | {ratio_cell(same_budget.get(ds, {}).get(label))}"
-                lines.append(f"| {ds} | {label} | {r['tau']:.2f} | {r['tau_per_prompt_mean']:.2f} | {vs} | "
-                             f"{repetition_cell(r)} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
-        for ds, rows in report["results"].items():
-            for label, r in rows.items():
-                c = r.get("candidate")
-                if c:
-                    lines.append(f"\n{ds} {label} candidate mode (top-{c['top_k']}, K={c['max_iters']}): token agreement "
-                                 f"{c['token_agreement']:.4f} with the exact refiner over {c['blocks']} blocks; "
-                                 f"tau {c['tau']:.3f} against {c['tau_exact']:.3f} exact")
-        for ds, rows in report["results"].items():
-            for label, r in rows.items():
-                if "mean_prefix_kept" in r:
-                    lines.append(f"\n{ds} {label}: the verified branch kept {r['mean_prefix_kept']:.2f} pass-1 tokens "
-                                 f"per step; {100 * r['empty_prefix_share']:.0f}% of steps kept none (pass 2 = pass 1)")
-        for ds, by_label in report.get("jacobi_sweep", {}).items():
-            for label, by_k in by_label.items():
-                ks = ", ".join(f"K={k}: {v:.2f}" for k, v in by_k.items())
-                lines.append(f"\n{ds} {label} tau against Jacobi K: {ks}")
+        header = ["dataset", "method", "tau", "tau (per-prompt mean)", "tau / dflash (95%)"]
+        header += [f"tau / {SAME_BUDGET} (95%)"] * bool(same_budget)
+        header += ["repetition (drafter's block)", "tokens/s", "speedup"]
+        rows = [[ds, label, f"{r['tau']:.2f}", f"{r['tau_per_prompt_mean']:.2f}", ratio_cell(r.get("tau_vs_reference"))]
+                + [ratio_cell(same_budget.get(ds, {}).get(label))] * bool(same_budget)
+                + [repetition_cell(r), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
+                for ds, by_label in report["results"].items() for label, r in by_label.items()]
+        lines += [f"\n### {pass_title(name)}\n", markdown_table(header, rows).rstrip()]
+        every = [(ds, label, r) for ds, by_label in report["results"].items() for label, r in by_label.items()]
+        for ds, label, r in every:
+            c = r.get("candidate")
+            if c:
+                lines.append(f"\n{ds} {label} candidate mode (top-{c['top_k']}, {c['max_iters']} iterations): token "
+                             f"agreement {c['token_agreement']:.4f} with the exact refiner over {c['blocks']} blocks; "
+                             f"tau {c['tau']:.3f} against {c['tau_exact']:.3f} exact")
+        for ds, label, r in every:
+            if "mean_prefix_kept" in r:
+                lines.append(f"\n{ds} {label}: the verified branch kept {r['mean_prefix_kept']:.2f} pass-1 tokens "
+                             f"per step; {100 * r['empty_prefix_share']:.0f}% of steps kept none (pass 2 = pass 1)")
+        for ds, by_label in report["iteration_sweep"].items():
+            for label, by_count in by_label.items():
+                taus = ", ".join(f"{k}: {v:.2f}" for k, v in by_count.items())
+                lines.append(f"\n{ds} {label} tau against Jacobi iterations: {taus}")
     times = ", ".join(f"{s} {v / 60:.1f} min" for s, v in results["stage_seconds"].items())
     lines.append(f"\nStage wall times: {times} (total {results['total_seconds'] / 60:.1f} min).")
     return "\n".join(lines).lstrip() + "\n"
@@ -314,10 +305,10 @@ def publish(run: str, dest: str) -> None:
     copies = {name: name for name in ("results.json", "table.md")}
     copies["target_pretrain.json"] = os.path.join("target", "pretrain.json")
     for t in sorted(os.listdir(os.path.join(run, "eval"))):
-        for name in ("results.md", "acceptance.png", "tau_vs_k.png"):
+        for name in ("results.md", "acceptance.png", "tau_vs_iterations.png"):
             copies[f"{t}_{name}"] = os.path.join("eval", t, name)
     for name, src in copies.items():
-        if os.path.isfile(os.path.join(run, src)):  # T1 has no K sweep, so no tau_vs_k.png
+        if os.path.isfile(os.path.join(run, src)):  # T1 has no iteration sweep, so no tau_vs_iterations.png
             shutil.copy(os.path.join(run, src), os.path.join(dest, name))
 
 
@@ -360,8 +351,8 @@ def reproduce(config, run: str, stages=None) -> dict:
         _mark_done(config, run, stage, seconds, summary)
         print(f"[{stage}] done in {seconds / 60:.1f} min", file=sys.stderr)
     results = gather(run)
-    files.write_json(os.path.join(run, "results.json"), results)
-    files.write_text(os.path.join(run, "table.md"), table(results))
+    atomic.write_json(os.path.join(run, "results.json"), results)
+    atomic.write_text(os.path.join(run, "table.md"), table(results))
     return results
 
 

@@ -1,0 +1,1 @@
+"""`python -m xpress_jax.compare`: two methods' tau paired prompt by prompt across eval reports."""

@@ -1,0 +1,85 @@
+r"""Measure acceptance length and speedup of each head on benchmark questions.
+
+    python -m xpress_jax.eval                                      # tiny random models, CPU
+    python -m xpress_jax.eval --config=configs/qwen3_8b.py --config.target.hf_dir=/ckpt/Qwen3-8B \
+        --checkpoint=/ckpt/drafter --datasets=gsm8k,humaneval --decoders=dflash,markov,xpress \
+        --num_prompts=80 --max_new_tokens=2048 --check_lossless --out=runs/eval
+    python -m xpress_jax.eval --config=configs/tiny_repro.py --config.target.hf_dir=runs/repro/target \
+        --checkpoints=dflash=runs/repro/dflash/export,xpress=runs/repro/xpress/export,dloop=runs/repro/dloop/export \
+        --dloop_branches=1,4
+
+Writes OUT/results.json (schema in the README), OUT/results.md, OUT/acceptance.png and, with the
+xpress head, OUT/tau_vs_iterations.png. Speedup is tokens/s over target-only decoding of the same prompts
+in the same run. Without a tokenizer in the target directory, prompts are byte-level
+(`data/byte_tokenizer.py`; smoke runs with random weights only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from absl import flags
+
+from xpress_jax import cli
+from xpress_jax.config_schema import check_fields
+from xpress_jax.errors import InputError
+from xpress_jax.eval.evaluate import evaluate, parse_methods
+from xpress_jax.eval.report import markdown
+from xpress_jax.eval.settings import EvalSettings
+from xpress_jax.methods import SPEC_DECODERS
+
+FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
+flags.DEFINE_string("checkpoint", "", "Drafter directory (DFlash layout, heads/ beside it) for every --decoders; "
+                    "empty: random.", flag_values=FLAGS)
+flags.DEFINE_list("checkpoints", None, f"One checkpoint per method: LABEL=DIR,... where LABEL is a decoder "
+                  f"({', '.join(SPEC_DECODERS)}) optionally with a .variant (xpress.frozen=DIR). Replaces "
+                  "--decoders/--checkpoint.", flag_values=FLAGS)
+flags.DEFINE_list("datasets", None, "gsm8k, humaneval, mt_bench, alpaca, or paths to jsonl files.", flag_values=FLAGS)
+flags.DEFINE_list("decoders", None, f"Any of {', '.join(SPEC_DECODERS)}, all from --checkpoint.", flag_values=FLAGS)
+flags.DEFINE_list("dloop_branches", None, "D-Loop's branch counts (prefixes verified together), e.g. 1,4: each "
+                  "dloop method is measured at each, labelled LABEL.b4 for 4 (default eval.dloop_branches).",
+                  flag_values=FLAGS)
+flags.DEFINE_integer("num_prompts", None, "Questions per dataset.", flag_values=FLAGS)
+flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per prompt.", flag_values=FLAGS)
+flags.DEFINE_float("temperature", None, "0: greedy; > 0: speculative sampling.", flag_values=FLAGS)
+flags.DEFINE_string("out", None, "Output directory.", flag_values=FLAGS)
+flags.DEFINE_bool("check_lossless", False, "At temperature 0, exit 1 if any output differs from target-only decoding.",
+                  flag_values=FLAGS)
+
+# flag -> EvalSettings field
+OVERRIDES = {"datasets": "datasets", "decoders": "decoders", "num_prompts": "num_prompts",
+             "max_new_tokens": "max_new_tokens", "temperature": "temperature", "out": "out_dir"}
+
+
+def settings(config) -> EvalSettings:
+    """config.eval with the command-line flags on top, checked by the config's rules."""
+    changes = {field: getattr(FLAGS, name) for name, field in OVERRIDES.items() if getattr(FLAGS, name) is not None}
+    if FLAGS.dloop_branches is not None:
+        try:
+            changes["dloop_branches"] = tuple(int(k) for k in FLAGS.dloop_branches)
+        except ValueError:
+            raise InputError(f"--dloop_branches: expected integers, got {FLAGS.dloop_branches}") from None
+    s = EvalSettings.from_config(config.eval)
+    s = dataclasses.replace(s, **{k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()})
+    check_fields({f"eval.{k}": v for k, v in s.as_dict().items()})  # the flags get the config's rules
+    return s
+
+
+def main(config):
+    s = settings(config)
+    cli.log_to_file(os.path.join(s.out_dir, "log.txt"))
+    methods = parse_methods(FLAGS.checkpoints, s.decoders, FLAGS.checkpoint, s.dloop_branches)
+    report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless)
+    print(markdown(report["results"]))
+    print(f"results: {os.path.join(s.out_dir, 'results.json')}; plots: acceptance.png"
+          f"{', tau_vs_iterations.png' if report['iteration_sweep'] else ''}")
+    if failures:
+        print(f"error: {failures} outputs differ from target-only decoding (not lossless)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main, FLAGS)

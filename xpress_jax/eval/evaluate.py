@@ -1,0 +1,199 @@
+"""Evaluation: methods (label -> decoder + checkpoint), decoding every prompt of each dataset with
+target-only decoding and every method, each method's row (`metrics.py`), and the report
+(`report.py`). `python -m xpress_jax.eval` and the reproduction both call `evaluate`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from xpress_jax.data.questions import load_questions
+from xpress_jax.decoding.profile import component_times
+from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate, round_up
+from xpress_jax.errors import InputError
+from xpress_jax.eval.candidates import candidate_mode_agreement
+from xpress_jax.eval.metrics import compare_to_reference, summarise
+from xpress_jax.eval.report import write_outputs
+from xpress_jax.eval.settings import EvalSettings
+from xpress_jax.methods import DECODERS, SPEC_DECODERS
+from xpress_jax.models.build import build_drafter, build_head, build_target, describe_checkpoint, target_config
+
+log = logging.getLogger("xpress_jax.eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One evaluated row: a label (decoder[.variant]), the decoder it runs, and its checkpoint."""
+    label: str
+    decoder: str
+    checkpoint: str
+    branches: int = 1  # D-Loop's branches (dloop decoders)
+
+
+def with_branches(methods: list[Method], branches) -> list[Method]:
+    """Each D-Loop method once per branch count in `branches`; a count k > 1 adds .b<k> to the label."""
+    branches = [int(k) for k in branches]
+    if not branches or min(branches) < 1:
+        raise InputError(f"dloop_branches must be positive integers, got {branches}")
+    out = []
+    for m in methods:
+        if not DECODERS[m.decoder].loop:
+            out.append(m)
+            continue
+        out += [dataclasses.replace(m, label=m.label if k == 1 else f"{m.label}.b{k}", branches=k) for k in branches]
+    labels = [m.label for m in out]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"method labels repeat once D-Loop branches are added: {labels}")
+    return out
+
+
+def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, branches=(1,)) -> list[Method]:
+    """--checkpoints=LABEL=DIR,... or, without it, every --decoders from the one --checkpoint; D-Loop
+    methods once per branch count in `branches`."""
+    if not checkpoints:
+        bad = [d for d in decoders if d not in SPEC_DECODERS]
+        if bad:
+            raise InputError(f"unknown decoders {bad}; choose from {', '.join(SPEC_DECODERS)}")
+        return with_branches([Method(d, d, checkpoint) for d in decoders], branches)
+    methods = []
+    for item in checkpoints:
+        label, eq, path = item.partition("=")
+        decoder = label.split(".", 1)[0]
+        if not eq or not path:
+            raise InputError(f"--checkpoints item {item!r}: expected LABEL=DIR")
+        if decoder not in SPEC_DECODERS:
+            raise InputError(f"--checkpoints label {label!r}: {decoder!r} is not a decoder; choose from "
+                             f"{', '.join(SPEC_DECODERS)} (optionally with .variant)")
+        if not os.path.isdir(path):
+            raise InputError(f"--checkpoints {label}: directory {path!r} does not exist")
+        methods.append(Method(label, decoder, path))
+    labels = [m.label for m in methods]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"--checkpoints repeats a label: {labels}")
+    return with_branches(methods, branches)
+
+
+def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tuple[list[list[int]], int, list[int]]:
+    """Chat-formatted prompt ids; prompts over max_prompt_tokens are skipped (counted), never cut:
+    a cut prompt loses the end of the question and the assistant header."""
+    from xpress_jax.data.byte_tokenizer import ByteTokenizer, tokenizer_for
+    from xpress_jax.data.chat import prompt_ids
+    tok = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
+    if isinstance(tok, ByteTokenizer):
+        log.warning("no tokenizer in target.hf_dir: byte-level prompts (a smoke run with random weights)")
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    encoded = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    kept = [p for p in encoded if len(p) <= max_prompt_tokens]
+    return kept, len(encoded) - len(kept), stops
+
+
+def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: int, desc: str,
+                branches: int = 1):
+    """Decodes every prompt (in batches); returns tokens, per-prompt stats and seconds (compile excluded)."""
+    kw = dict(decoder=decoder, max_new_tokens=s.max_new_tokens, temperature=s.temperature, seed=s.seed,
+              settings=s.decode(branches).for_decoder(decoder), pad_multiple=pad, stop_ids=stop_ids)
+    generate(models, prompts[:s.batch_size], **kw)  # compile outside the timing
+    tokens, rows, seconds = [], [], 0.0
+    for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr):
+        t0 = time.perf_counter()
+        out = generate(models, prompts[i:i + s.batch_size], **kw)
+        seconds += time.perf_counter() - t0
+        tokens += out.tokens
+        rows.append(out.stats)
+    stats = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}  # [n_prompts, ...]
+    return tokens, stats, seconds
+
+
+def build_methods(config, methods: list[Method]):
+    """The target once, each distinct drafter checkpoint once, and each method's head."""
+    target = build_target(config)
+    drafters = {ckpt: build_drafter(config, target, ckpt) for ckpt in dict.fromkeys(m.checkpoint for m in methods)}
+    models = {}
+    for m in methods:
+        drafter = drafters[m.checkpoint]
+        models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint))
+    return target, models
+
+
+def tau_of(stats) -> float:
+    return float(stats["committed"].sum() / stats["steps"].sum())
+
+
+def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s: EvalSettings, stop_ids, pad: int,
+            ds: str, check_lossless: bool) -> tuple[dict, dict | None]:
+    """One method's row on one dataset (with its time split, losslessness and candidate mode where
+    asked), and its tau at each count of the iteration sweep (XPress only; None otherwise)."""
+    loop = DECODERS[m.decoder].loop
+    tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, s, stop_ids, pad, f"{ds}/{m.label}", m.branches)
+    r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], s.decode().drafted(spec.drafter.cfg.block_size),
+                  loop=loop)
+    r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
+    if loop:
+        r["branches"] = m.branches
+    if s.time_split:
+        r["time_split"] = component_times(spec, prompts[0], decoder=m.decoder, max_new_tokens=s.max_new_tokens,
+                                          pad_multiple=pad, settings=s.decode(m.branches).for_decoder(m.decoder))
+    if check_lossless and s.temperature == 0:
+        r["mismatches"] = sum(a != b for a, b in zip(tokens, base_tokens))
+        r["lossless"] = r["mismatches"] == 0
+    log.info("%s / %s: tau %.3f, %.1f tokens/s, speedup %s", ds, m.label, r["tau"], r["tokens_per_s"], r["speedup"])
+    if m.decoder != "xpress":
+        return r, None
+    if s.candidate_k > 0 and s.temperature == 0 and s.top_k == 0:  # candidate mode against the exact refiner
+        r["candidate"] = candidate_mode_agreement(spec, list(zip(prompts, base_tokens)), s.decode(),
+                                                  top_k=s.candidate_k)
+        in_candidate_mode = dataclasses.replace(s, top_k=s.candidate_k)
+        _, stats_k, _ = run_decoder(spec, prompts, "xpress", in_candidate_mode, stop_ids, pad,
+                                    f"{ds}/{m.label} top-{s.candidate_k}")
+        r["candidate"].update(tau=tau_of(stats_k), tau_exact=r["tau"])
+    sweep = {}
+    for iterations in s.iteration_sweep:
+        at = dataclasses.replace(s, max_iters=int(iterations))
+        _, stats_i, _ = run_decoder(spec, prompts, "xpress", at, stop_ids, pad, f"{ds}/{m.label} {iterations} it.")
+        sweep[str(iterations)] = tau_of(stats_i)
+    return r, sweep or None
+
+
+def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: bool = False) -> tuple[dict, int]:
+    """Runs target-only decoding once per dataset and every method against it; writes results.json,
+    results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
+    target-only decoding at temperature 0 when check_lossless)."""
+    target, models = build_methods(config, methods)
+    os.makedirs(s.out_dir, exist_ok=True)
+    encoded = {ds: encode_prompts(config, load_questions(ds, s.num_prompts), s.max_prompt_tokens)
+               for ds in s.datasets}
+    for ds, (prompts, skipped, _) in encoded.items():
+        if not prompts:
+            raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
+    # one padded prompt length for every dataset: one compiled program per decoder setting
+    pad = round_up(max(len(p) for prompts, _, _ in encoded.values() for p in prompts), PROMPT_BUCKET)
+    results, sweep, skipped_long = {}, {}, {}
+    for ds in s.datasets:
+        prompts, skipped_long[ds], stop_ids = encoded[ds]
+        base_tokens, base_stats, base_s = run_decoder(SpecModels(target), prompts, "target", s, stop_ids, pad,
+                                                      f"{ds}/target")
+        baseline = summarise(base_tokens, base_stats, base_s, None)
+        results[ds] = {"target": {**baseline, "speedup": 1.0, "accept_per_position": []}}
+        for m in methods:
+            results[ds][m.label], by_iterations = measure(m, models[m.label], prompts, baseline, base_tokens, s,
+                                                          stop_ids, pad, ds, check_lossless)
+            if by_iterations:
+                sweep.setdefault(ds, {})[m.label] = by_iterations
+        compare_to_reference(results[ds])
+    one_checkpoint = len({m.checkpoint for m in methods}) == 1
+    report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "settings": s.as_dict(),
+              "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,
+                                    **({"branches": m.branches} if DECODERS[m.decoder].loop else {})}
+                          for m in methods},
+              **describe_checkpoint(methods[0].checkpoint if one_checkpoint else ""),
+              "skipped_long_prompts": skipped_long, "results": results, "iteration_sweep": sweep}
+    write_outputs(report, s.out_dir)
+    failures = sum(r.get("mismatches", 0) for rows in results.values() for r in rows.values())
+    return report, failures

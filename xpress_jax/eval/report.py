@@ -1,0 +1,53 @@
+"""An eval report for readers: results.md (one table per report, the paired ratios below it),
+acceptance.png and, with an iteration sweep, tau_vs_iterations.png; results.json beside them."""
+
+from __future__ import annotations
+
+import os
+
+from xpress_jax import atomic
+from xpress_jax.report import plots
+from xpress_jax.report.tables import markdown_table
+
+
+def repetition_cell(r: dict) -> str:
+    """A method's repetition with its drafter's one-pass block's in brackets ("0.531 (0.692)"); "-"
+    for target-only rows."""
+    if r.get("repetition_rate") is None:
+        return "-"
+    return f"{r['repetition_rate']:.3f} ({r['drafter_repetition_rate']:.3f})"
+
+
+def ratio_cell(c: dict | None) -> str:
+    """A paired tau ratio with its 95% interval ("1.052 (0.98-1.12)"); "-" without one."""
+    return f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
+
+
+def markdown(results: dict) -> str:
+    """Every method of every dataset; then each method's tau against the reference's."""
+    lossless = {True: "yes", False: "NO", None: "-"}
+    rows = [[ds, label, f"{r['tau']:.3f}", f"{r['tau_per_prompt_mean']:.3f}", repetition_cell(r),
+             f"{r['tokens_per_s']:.1f}", "-" if r["speedup"] is None else r["speedup"], lossless[r.get("lossless")]]
+            for ds, by_label in results.items() for label, r in by_label.items()]
+    text = markdown_table(["dataset", "method", "tau", "tau (per-prompt mean)", "repetition (drafter's block)",
+                           "tokens/s", "speedup", "lossless"], rows)
+    compared = [[ds, label, c["reference"], f"{c['ratio']:.3f}", f"{c['ci95'][0]:.3f}-{c['ci95'][1]:.3f}"]
+                for ds, by_label in results.items() for label, r in by_label.items()
+                if (c := r.get("tau_vs_reference"))]
+    if compared:
+        text += ("\ntau against the reference method on the same prompts, with a 95% paired bootstrap over "
+                 "prompts (an interval holding 1 is no evidence of an ordering):\n\n")
+        text += markdown_table(["dataset", "method", "reference", "tau ratio", "95% interval"], compared)
+    return text
+
+
+def write_outputs(report: dict, out_dir: str) -> None:
+    results, sweep = report["results"], report["iteration_sweep"]
+    atomic.write_json(os.path.join(out_dir, "results.json"), report)
+    atomic.write_text(os.path.join(out_dir, "results.md"), markdown(results))
+    plots.acceptance_per_position({ds: {h: r for h, r in v.items() if h != "target"} for ds, v in results.items()},
+                                  os.path.join(out_dir, "acceptance.png"))
+    if sweep:
+        reference = {ds: {h: r["tau"] for h, r in v.items() if h != "target" and r.get("decoder") != "xpress"}
+                     for ds, v in results.items()}
+        plots.tau_against_iterations(sweep, reference, os.path.join(out_dir, "tau_vs_iterations.png"))

@@ -1,0 +1,1 @@
+"""`python -m xpress_jax.export`: a run's checkpoint step as PyTorch-loadable safetensors."""

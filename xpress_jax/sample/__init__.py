@@ -1,0 +1,1 @@
+"""`python -m xpress_jax.sample`: greedy generation with the target through the jitted loop."""
