@@ -11,8 +11,11 @@ import tiny_repro  # noqa: E402
 
 def get_config():
     config = tiny_repro.get_config()
-    config.target.arch.update(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+    # two target layers and a one-layer drafter: every code path of the full shapes, and compiling
+    # (most of a smoke run) a third faster than at three and two
+    config.target.arch.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                               num_key_value_heads=1, head_dim=32)
+    config.drafter.num_layers = 1
     config.pretrain.update(steps=6, batch_size=8, max_len=128, vocab_size=2048, code_functions=200,
                            save_every=3, report_prompts=4, report_max_new_tokens=24)
     config.train.update(batch_size=4, num_anchors=8, anchor_chunk=8, log_every=2, save_every=4)

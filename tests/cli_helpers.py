@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, timeout=300, env_extra=None):
-    env = dict(os.environ, XLA_FLAGS="", **(env_extra or {}))
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XPRESS_TEST_XLA_FLAGS", ""), **(env_extra or {}))
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=timeout)
 

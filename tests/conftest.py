@@ -2,7 +2,13 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# XLA's CPU backend compiles the tests' tiny programs without its costly LLVM passes: compiling
+# is most of the suite's time (a quarter of it goes), while the HLO the tests read (copies,
+# collectives, flops) and every numerical property are the same. The CLI subprocesses the tests
+# start get the same flags, without the fake devices (tests/cli_helpers.py).
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+os.environ.setdefault("XPRESS_TEST_XLA_FLAGS", FAST_COMPILE_FLAGS)
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One persistent XLA cache per test session, shared by the xdist workers and the CLI subprocesses
 # the tests start (they inherit the environment): the same tiny models compile once, not per process.

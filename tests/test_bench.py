@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from cli_helpers import ROOT, run
+from cli_helpers import ROOT, invoke, run
 from xpress_jax.bench import costs
 
 SMALL = costs.Shapes(batch=2, n=5, vocab=300, hidden=32, rank=8, gru_hidden=8, proj_dim=8, weight_bytes=4)
@@ -111,8 +111,8 @@ def test_decode_suite_times_other_shapes_and_chosen_variants(tmp_path):
     # single repetition of 128 tokens could time faster than one token under load
     common = ("xpress_jax.bench", "--suite=decode", f"--decode_config={tiny}", "--contexts=8", "--batches=1",
               "--decode_tokens=256", "--reps=3", f"--out={tmp_path}")
-    r = run(*common, "--decode_set=target.arch.num_hidden_layers=3,heads.rank=8", "--decode_variants=markov",
-            "--verify_tokens=0,2", timeout=900)
+    r = invoke(*common, "--decode_set=target.arch.num_hidden_layers=3,heads.rank=8", "--decode_variants=markov",
+               "--verify_tokens=0,2")
     assert r.returncode == 0, r.stderr[-3000:]
     with open(tmp_path / "decode.json") as f:
         result = json.load(f)
@@ -121,11 +121,11 @@ def test_decode_suite_times_other_shapes_and_chosen_variants(tmp_path):
     rows = result["contexts"]["8"]["1"]
     assert list(rows) == ["target", "markov", "markov_v2"]  # each drafter variant at each verify length
     assert rows["markov_v2"]["tokens_per_step"] <= 3 and rows["markov_v2"]["break_even_tau"] > 0
-    r = run(*common, "--decode_variants=medusa")
+    r = invoke(*common, "--decode_variants=medusa")
     assert r.returncode == 2 and "unknown decode variants ['medusa']" in r.stderr and "Traceback" not in r.stderr
-    r = run(*common, "--decode_variants=dflash", "--verify_tokens=40")
+    r = invoke(*common, "--decode_variants=dflash", "--verify_tokens=40")
     assert r.returncode == 2 and "verify_tokens 40 is outside" in r.stderr and "Traceback" not in r.stderr
-    r = run(*common, "--decode_set=target.arch.num_layers=3")
+    r = invoke(*common, "--decode_set=target.arch.num_layers=3")
     assert r.returncode == 2 and "num_layers" in r.stderr and "Traceback" not in r.stderr
 
 

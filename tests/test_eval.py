@@ -100,7 +100,7 @@ def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tm
     expect = generate_greedy(target, [prompt_ids(tok, [{"role": "user", "content": "hi"}])], max_new_tokens=5,
                              stop_ids=stops).tokens[0]
     assert rows[0]["conversations"][1]["content"] == tok.decode(expect, skip_special_tokens=True)
-    again = run(*args)
+    again = invoke(*args)
     assert again.returncode == 0 and "2 already regenerated, 0 to go" in again.stderr
     assert len(open(tmp_path / "out" / "data.jsonl").readlines()) == 2
 

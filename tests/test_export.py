@@ -69,12 +69,12 @@ def drafter_run(tmp_path_factory):
 
 def test_export_any_step_loads_in_the_official_dflash_package(drafter_run, tmp_path):
     from dflash import model as dflash_model
-    from cli_helpers import last_json, run
+    from cli_helpers import invoke, last_json, run
     from xpress_jax.checkpoints.safetensors_io import SafetensorsFile
     r = run("xpress_jax.export", f"--run={drafter_run}", "--step=2", f"--out={tmp_path / 'step2'}", "--dtype=float32")
     assert r.returncode == 0, r.stderr[-2000:]
     assert last_json(r.stdout) == {"step": 2, "drafter": str(tmp_path / "step2"), "heads": ["xpress"]}
-    latest = run("xpress_jax.export", f"--run={drafter_run}", f"--out={tmp_path / 'latest'}", "--dtype=float32")
+    latest = invoke("xpress_jax.export", f"--run={drafter_run}", f"--out={tmp_path / 'latest'}", "--dtype=float32")
     assert latest.returncode == 0 and last_json(latest.stdout)["step"] == 4
     config = json.loads((tmp_path / "step2" / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 6

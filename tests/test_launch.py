@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def launch(script, *args, env_extra=None, timeout=60):
-    env = {**os.environ, "XLA_FLAGS": "", "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XPRESS_TEST_XLA_FLAGS", ""),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
            **(env_extra or {})}
     return subprocess.run(["bash", os.path.join(ROOT, "launch", script), *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from cli_helpers import ROOT, run
+from cli_helpers import ROOT, invoke, run
 from xpress_jax.methods import HEAD_OF
 
 SMOKE = os.path.join(ROOT, "configs", "tiny_repro_smoke.py")
@@ -88,7 +88,7 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
 def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp_path):
     out, _ = smoke_run
     published = tmp_path / "benchmarks" / "tiny"
-    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={out}", f"--publish={published}", timeout=600)
+    r = invoke("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={out}", f"--publish={published}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("done already") == len(STAGES) + 3 and "running" not in r.stderr
     names = {"results.json", "table.md", "target_pretrain.json", "T0_results.md", "T1_results.md",
@@ -100,7 +100,7 @@ def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp
 
 def test_the_exported_target_loads_in_transformers_and_passes_logit_check(smoke_run):
     out, _ = smoke_run
-    r = run("xpress_jax.tools.logit_check", f"--hf_dir={out / 'target'}")
+    r = invoke("xpress_jax.tools.logit_check", f"--hf_dir={out / 'target'}")
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -169,10 +169,10 @@ def test_the_notebook_runs_headless_on_the_checkpoints(smoke_run, tmp_path):
 
 
 def test_a_stage_without_its_inputs_or_an_unknown_stage_is_refused(tmp_path):
-    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={tmp_path}", "--stages=dflash")
+    r = invoke("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={tmp_path}", "--stages=dflash")
     assert r.returncode == 2 and "stage dflash needs ['target', 'regen'] first" in r.stderr
     assert "Traceback" not in r.stderr
-    r = run("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={tmp_path}", "--stages=medusa")
+    r = invoke("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={tmp_path}", "--stages=medusa")
     assert r.returncode == 2 and "unknown stages ['medusa']" in r.stderr
 
 
@@ -182,7 +182,7 @@ def test_export_a_target_step_and_the_drafter_run_with_its_target(smoke_run, tmp
     import transformers
     from cli_helpers import last_json
     out, _ = smoke_run
-    r = run("xpress_jax.export", f"--run={out / 'target'}", "--step=6", f"--out={tmp_path / 't'}", "--dtype=float32")
+    r = invoke("xpress_jax.export", f"--run={out / 'target'}", "--step=6", f"--out={tmp_path / 't'}", "--dtype=float32")
     assert r.returncode == 0, r.stderr[-2000:]
     assert last_json(r.stdout)["step"] == 6
     a = transformers.AutoModelForCausalLM.from_pretrained(str(out / "target"))
@@ -190,7 +190,7 @@ def test_export_a_target_step_and_the_drafter_run_with_its_target(smoke_run, tmp
     for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
         assert (p == q).all(), name
     assert (tmp_path / "t" / "tokenizer.json").is_file()
-    r = run("xpress_jax.export", f"--run={out / 'dflash'}", f"--out={tmp_path / 'd'}", "--target")
+    r = invoke("xpress_jax.export", f"--run={out / 'dflash'}", f"--out={tmp_path / 'd'}", "--target")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "d" / "model.safetensors").is_file() and (tmp_path / "d" / "target" / "tokenizer.json").is_file()
     transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "d" / "target"))

@@ -42,7 +42,7 @@ def test_train_step_is_the_same_on_every_mesh(tmp_path):
 # ---- runs as processes: kill and resume, SIGTERM, two hosts ----
 
 def start_train(out_dir, *extra, env_extra=None):
-    env = {**os.environ, "XLA_FLAGS": "", **(env_extra or {})}
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XPRESS_TEST_XLA_FLAGS", ""), **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-m", "xpress_jax.train", *override_args(out_dir), *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -167,7 +167,7 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
 
 
 def test_bad_configs_fail_clearly(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="")
+    env = dict(os.environ, XLA_FLAGS=os.environ.get("XPRESS_TEST_XLA_FLAGS", ""))
     r = subprocess.run([sys.executable, "-m", "xpress_jax.train", "--config.train.nope=1"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown config key 'train.nope'" in r.stderr and "Traceback" not in r.stderr
