@@ -34,21 +34,15 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
-@dataclasses.dataclass(frozen=True)
-class DrafterConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrafterConfig(Qwen3Config):
+    """The drafter's layers are Qwen3 layers with the target's shapes (Qwen3Config's fields; the
+    drafter has no embedding or LM head of its own, so tie_word_embeddings is unused), plus what
+    DFlash adds: which target layers it reads, its block and its mask token."""
     num_target_layers: int
     target_layer_ids: tuple[int, ...]
-    vocab_size: int
     block_size: int = DFLASH_BLOCK_SIZE
     mask_token_id: int = QWEN3_MASK_TOKEN_ID
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
 
     def __post_init__(self):
         bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
