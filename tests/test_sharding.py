@@ -36,3 +36,47 @@ def test_sharded_load_gives_the_same_logits(tiny_dirs):
     assert len({s.device for s in q.addressable_shards}) == 8
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 6)))
     np.testing.assert_allclose(np.asarray(sharded(tokens).logits), np.asarray(plain(tokens).logits), atol=1e-5)
+
+
+def _target_forward(devices: int, *, constrained: bool, batch: int = 8):
+    """The target's forward and logsumexp, bf16, compiled on a (1, devices, 1) mesh with the
+    parameters placed by their logical axes: (per-device temporary bytes, per-device flops, the
+    compiled program, and its value on a batch of ids)."""
+    from flax import nnx
+    from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
+    from xpress_jax.train import state as st
+    cfg = Qwen3Config(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model = Qwen3(cfg, rngs=nnx.Rngs(0), dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    mesh = sharding.make_mesh((1, devices, 1), devices=jax.devices()[:devices])
+    graphdef, params = st.split_params(model)
+    shardings = st.param_shardings(st.flat_axes(model), {k: v.shape for k, v in params.items()}, mesh)
+    params = {k: jax.device_put(v, shardings[k]) for k, v in params.items()}
+
+    def forward(p, ids):
+        return jax.nn.logsumexp(st.merge(graphdef, p)(ids).logits.astype(jnp.float32), -1).sum()
+
+    fn = sharding.with_activations_on(mesh, forward) if constrained else forward
+    ids = jax.device_put(np.random.default_rng(0).integers(0, 4096, (batch, 128)).astype(np.int32),
+                         sharding.named_sharding(("batch", None), (batch, 128), mesh))
+    compiled = jax.jit(fn).lower(params, ids).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return compiled.memory_analysis().temp_size_in_bytes, cost["flops"], compiled, float(compiled(params, ids))
+
+
+def test_activations_split_over_the_batch_so_memory_and_flops_fall_with_devices():
+    """At a fixed global batch, twice the devices hold half the activations and do half the work;
+    without the layer-boundary constraints XLA carries the fsdp split of the weights through the
+    network and every device computes the whole batch (memory and flops rise with devices)."""
+    temp4, flops4, _, value4 = _target_forward(4, constrained=True)
+    temp8, flops8, compiled8, value8 = _target_forward(8, constrained=True)
+    assert temp8 <= 0.6 * temp4 and flops8 <= 0.6 * flops4
+    _, flops1, _, value1 = _target_forward(1, constrained=True)
+    assert flops8 * 8 <= 1.3 * flops1  # no device repeats another's work
+    assert value8 == pytest.approx(value1, rel=1e-2) and value4 == pytest.approx(value1, rel=1e-2)  # bf16
+    hlo = compiled8.as_text()
+    logits_reduce = [line for line in hlo.splitlines() if "all-reduce(" in line and ",4096]" in line]
+    assert not logits_reduce, logits_reduce[:2]  # no device holds [global batch, T, vocab] logits
+    unconstrained_temp8, unconstrained_flops8, _, _ = _target_forward(8, constrained=False)
+    assert unconstrained_flops8 > 1.5 * flops8 and unconstrained_temp8 > 4 * temp8  # what the constraints prevent

@@ -6,9 +6,11 @@ that a mesh axis does not divide stays replicated rather than failing.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -77,3 +79,38 @@ def named_sharding(axes, shape, mesh: Mesh | None, rules=None):
     if mesh is None:
         return jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
+
+
+# The mesh that activations are laid out on while a step is traced (None: no constraint). A
+# context variable, so the model code names logical axes and never needs the mesh passed in.
+_ACTIVATION_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("activation_mesh", default=None)
+
+
+@contextlib.contextmanager
+def activations_on(mesh: Mesh | None) -> Iterator[None]:
+    """Within this block (while a function is traced), `constrain` pins activations to `mesh`."""
+    token = _ACTIVATION_MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _ACTIVATION_MESH.reset(token)
+
+
+def with_activations_on(mesh: Mesh, fn):
+    """fn, traced with its activations pinned to `mesh` (what jit-compiled steps wrap)."""
+    def traced(*args, **kwargs):
+        with activations_on(mesh):
+            return fn(*args, **kwargs)
+    return traced
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+    """Pins activation x to its logical axes by the same rules as the parameters, so the batch is
+    split over (data, fsdp) at every layer boundary instead of whatever XLA propagates from the
+    weights' layout (fsdp-sharded weights would otherwise carry a hidden split through the network
+    and every device would compute the whole batch). A no-op outside `activations_on` or on one
+    device."""
+    mesh = _ACTIVATION_MESH.get()
+    if mesh is None or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh)))

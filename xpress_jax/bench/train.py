@@ -71,8 +71,9 @@ def full_backward_step(setup, config):
     parameter, frozen or not: the cost that leaving frozen parts out of the gradient saves."""
     from xpress_jax.train.step import make_train_step
     from xpress_jax.train.setup import loss_settings
-    return jax.jit(make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule,
-                                   loss_settings(config)), donate_argnums=(0,))
+    from xpress_jax.sharding import with_activations_on
+    step = make_train_step(setup.graphdef, setup.target_graphdef, setup.tx, setup.schedule, loss_settings(config))
+    return jax.jit(with_activations_on(setup.mesh, step), donate_argnums=(0,))
 
 
 def frozen_drafter_step(config, *, steps: int) -> dict:

@@ -18,7 +18,8 @@ from flax import nnx
 
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, kv_rows, param
-from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_kv
+from xpress_jax.models.qwen3 import ACTIVATION_AXES, KVCache, Qwen3Config, write_kv
+from xpress_jax.sharding import constrain
 
 # the published DFlash drafters' layout (reference §3): what a config or a config.json leaves unsaid
 QWEN3_MASK_TOKEN_ID = 151669  # an unused row of the Qwen3 embedding
@@ -185,7 +186,7 @@ class DFlashDrafter(nnx.Module):
         computed once and shared by every anchored block."""
         batch, seq = taps.shape[:2]
         positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-        return self.context_kv(self.fuse(taps), positions)
+        return self.context_kv(constrain(self.fuse(taps), ACTIVATION_AXES), positions)
 
     def anchored_blocks(self, ctx_kv, block_embeds: jax.Array, anchors: jax.Array,
                         anchor_valid: jax.Array | None = None) -> jax.Array:
@@ -202,14 +203,14 @@ class DFlashDrafter(nnx.Module):
         if anchor_valid is not None:  # padding anchors see only their own block
             ctx_visible &= anchor_valid[:, :, None]
         flat_pos = (anchors[:, :, None] + jnp.arange(block, dtype=jnp.int32)).reshape(batch, n_anchors * block)
-        x = block_embeds.reshape(batch, n_anchors * block, hidden).astype(self.dtype)
+        x = constrain(block_embeds.reshape(batch, n_anchors * block, hidden).astype(self.dtype), ACTIVATION_AXES)
         for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
             h = layer.input_layernorm(x)
             q = layer.self_attn.queries(h, flat_pos)
             k_blk, v_blk = layer.self_attn.keys_values(h, flat_pos)
             attn = _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, n_anchors)
             x = x + layer.self_attn.output(attn)
-            x = layer.mlp_block(x)
+            x = constrain(layer.mlp_block(x), ACTIVATION_AXES)
         return self.norm(x).reshape(batch, n_anchors, block, hidden)
 
     def train_blocks(self, taps: jax.Array, block_embeds: jax.Array, anchors: jax.Array,

@@ -15,7 +15,12 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
+from xpress_jax.sharding import constrain
 from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, kv_rows, param
+
+
+# the residual stream's logical axes: batch split over (data, fsdp), the rest whole on each device
+ACTIVATION_AXES = ("batch", None, None)  # [batch, seq, hidden]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +235,7 @@ class Qwen3(nnx.Module):
                 positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
             mask = positions[:, None, :] <= positions[:, :, None]  # [batch, seq, seq]
 
-        x = self.embed(tokens)  # [batch, seq, hidden]
+        x = constrain(self.embed(tokens), ACTIVATION_AXES)  # [batch, seq, hidden]
         taps = {}
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
@@ -245,7 +250,7 @@ class Qwen3(nnx.Module):
             else:
                 k, v = kv_rows(k), kv_rows(v)
             x = x + layer.self_attn.output(attend(q, k, v, mask))
-            x = layer.mlp_block(x)
+            x = constrain(layer.mlp_block(x), ACTIVATION_AXES)
             if i in tap_layers and i != num_layers - 1:
                 taps[i] = x
         x = self.norm(x)

@@ -211,7 +211,8 @@ def pretrain(config, *, out_dir: str | None = None, stop_after: int | None = Non
     graphdef, tx, state_sharding = layout.graphdef, layout.tx, layout.state_sharding
     batch_sharding = NamedSharding(layout.mesh, sharding.logical_to_spec(("batch", None), (p.batch_size, 1),
                                                                          layout.mesh))
-    step_fn = jax.jit(make_step(graphdef, tx, layout.schedule), in_shardings=(state_sharding, batch_sharding),
+    step_fn = jax.jit(sharding.with_activations_on(layout.mesh, make_step(graphdef, tx, layout.schedule)),
+                      in_shardings=(state_sharding, batch_sharding),
                       out_shardings=(state_sharding, None), donate_argnums=(0,))
     # what `xpress_jax.export` rebuilds from
     atomic.write_text(os.path.join(out_dir, "run_config.json"), config.to_json_best_effort(indent=2))

@@ -75,6 +75,7 @@ class Setup:
         frozen = frozenset(k for k, label in labels.items() if label == "freeze")
         step = make_train_step(self.graphdef, self.target_graphdef, self.tx, self.schedule, loss_settings(config),
                                frozen)
+        step = sharding.with_activations_on(self.mesh, step)
         self.step = jax.jit(step, in_shardings=(self.state_sharding, self.target_sharding, self.batch_sharding),
                             out_shardings=(self.state_sharding, None), donate_argnums=(0,))
 
