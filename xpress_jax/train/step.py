@@ -11,12 +11,14 @@ import jax.numpy as jnp
 import optax
 
 from xpress_jax.config import drafter_training
+from xpress_jax.sharding import constrain
 from xpress_jax.models.drafter import block_inputs
 from xpress_jax.train import losses
 from xpress_jax.train.anchors import Blocks, make_blocks, previous_anchor, sample_anchors, target_positions
 from xpress_jax.train.state import merge
 
 EPS = 1e-6
+LOGITS_AXES = ("batch", None, None, "vocab")  # [batch, C, n, vocab]: per-chunk logits, batch-split
 
 
 _TRAIN = drafter_training()
@@ -99,7 +101,7 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
         h = drafter.anchored_blocks(ctx_kv, target.embed(tokens), b.anchors, b.valid)[:, :, 1:]  # [b, C, n, H]
         c = h.shape[1]
         s_logits = target.logits(h.reshape(batch, c * n, -1)).reshape(batch, c, n, -1)  # [b, C, n, vocab]
-        return h, s_logits
+        return h, constrain(s_logits, LOGITS_AXES)
 
     def chunk_loss(xs):
         b, pb, ell = xs
@@ -125,7 +127,7 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
                 pos = target_positions(b.anchors, block, seq)  # [b, C, n]
                 h_t = jnp.take_along_axis(final_h[:, None], pos[..., None], axis=2)  # [b, C, n, H]
                 p_t = jax.nn.softmax(target.logits(h_t.reshape(batch, c * n, -1)), -1).reshape(s_logits.shape)
-                p_t = jax.lax.stop_gradient(p_t)
+                p_t = constrain(jax.lax.stop_gradient(p_t), LOGITS_AXES)
             flat = lambda x: x.reshape((batch * c,) + x.shape[2:])  # noqa: E731  heads take [batch, n, ...]
             s_f, h_f, labels_f = flat(s_logits), flat(h), flat(b.labels)
             p_f = None if p_t is None else flat(p_t)
