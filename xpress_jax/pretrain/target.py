@@ -47,13 +47,7 @@ def make_step(graphdef, tx, schedule):
             return next_token_loss(st.merge(graphdef, params), batch["ids"], batch["mask"])
 
         (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        new_state = {**state, "step": state["step"] + 1,
-                     "params": keep(optax.apply_updates(state["params"], updates), state["params"]),
-                     "opt_state": keep(opt_state, state["opt_state"]),
-                     "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1)}
+        new_state, finite = st.apply_update(state, grads, loss, tx)
         return new_state, {"loss": loss, "tokens": count, "grad_norm": optax.tree.norm(grads),
                            "lr": schedule(state["step"]), "finite": finite}
     return step

@@ -94,6 +94,18 @@ def opt_state_shardings(tx, abstract_opt, param_sharding: dict, mesh):
     return jax.tree_util.tree_map_with_path(leaf_sharding, abstract_opt)
 
 
+def apply_update(state: dict, grads: dict, loss, tx) -> tuple[dict, jax.Array]:
+    """One optimizer step of any training run, (new state, finite). A step whose loss, gradient or
+    update is not finite leaves parameters and optimizer state as they were and counts a bad step."""
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads)) & jnp.isfinite(optax.tree.norm(updates))
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    return {**state, "step": state["step"] + 1,
+            "params": keep(optax.apply_updates(state["params"], updates), state["params"]),
+            "opt_state": keep(opt_state, state["opt_state"]),
+            "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1)}, finite
+
+
 def init_state(params: dict, tx, seed: int) -> dict:
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
             "key": jax.random.key_data(jax.random.key(seed)), "bad_steps": jnp.zeros((), jnp.int32)}

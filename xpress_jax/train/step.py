@@ -15,7 +15,7 @@ from xpress_jax.sharding import constrain
 from xpress_jax.models.drafter import block_inputs
 from xpress_jax.train import losses
 from xpress_jax.train.anchors import Blocks, make_blocks, previous_anchor, sample_anchors, target_positions
-from xpress_jax.train.state import merge
+from xpress_jax.train.state import apply_update, merge
 
 EPS = 1e-6
 LOGITS_AXES = ("batch", None, None, "vocab")  # [batch, C, n, vocab]: per-chunk logits, batch-split
@@ -193,15 +193,9 @@ def make_train_step(graphdef, target_graphdef, tx, schedule, settings: LossSetti
 
         (loss, metrics), learned_grads = jax.value_and_grad(loss_fn, has_aux=True)(learned)
         grads = {**learned_grads, **{k: jnp.zeros_like(v) for k, v in fixed.items()}}
-        grad_norm = optax.tree.norm(learned_grads)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        new_state = {"step": state["step"] + 1, "params": keep(params, state["params"]),
-                     "opt_state": keep(opt_state, state["opt_state"]), "key": state["key"],
-                     "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1)}
-        metrics.update(loss=loss, grad_norm=grad_norm, lr=schedule(state["step"]), finite=finite)
+        new_state, finite = apply_update(state, grads, loss, tx)
+        metrics.update(loss=loss, grad_norm=optax.tree.norm(learned_grads), lr=schedule(state["step"]),
+                       finite=finite)
         return new_state, metrics
 
     return step
