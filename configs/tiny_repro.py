@@ -12,6 +12,7 @@ budgets are in `reproduce`.
 import ml_collections
 
 from xpress_jax.config import dflash_recipe, drafter_section, heads_section, target_arch
+from xpress_jax.reproduce.stages import TRAIN_STAGES
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -33,6 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
         dtype="float32", target_param_dtype="float32")
     config.reproduce = ml_collections.ConfigDict({
         "out_dir": "runs/repro",
+        # every stage from scratch: no shipped target or drafter, every training stage
+        "target_from": "", "dflash_from": "", "train_stages": tuple(TRAIN_STAGES),
         # train questions the target answers greedily (the drafter's data); on the same target 4,096
         # gave DFlash -3.5% to +6.8% tau over 1,024 (README, "The drafter's data")
         "regen_records": 4096,

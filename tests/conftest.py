@@ -23,8 +23,6 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared")
-
 # Four random tiny Qwen3s: tied and untied; GQA ratios 1, 2 and 4; head_dim != hidden/heads; two thetas.
 TINY_CONFIGS = {
     "tied_gqa1": dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=4, head_dim=16,

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import SHARED
+from xpress_jax.assets import data_root
 from xpress_jax.data.chat import THINK_OFF, conversation_to_ids, load_tokenizer, normalise_messages, prompt_ids
 from xpress_jax.errors import DataError
 
@@ -23,7 +23,7 @@ def first_json(path):
 
 
 def gsm8k_record():
-    r = first_json(os.path.join(SHARED, "data", "gsm8k", "train.jsonl"))
+    r = first_json(os.path.join(data_root(), "gsm8k", "train.jsonl"))
     return {"id": "gsm8k-0", "conversations": [{"role": "user", "content": r["question"]},
                                                {"role": "assistant", "content": r["answer"]}]}
 
@@ -64,7 +64,7 @@ def test_loss_mask_covers_exactly_the_assistant_turn(tok):
 
 
 def test_multi_turn_with_system_and_sharegpt_keys(tok):
-    q = first_json(os.path.join(SHARED, "data", "mt_bench", "question.jsonl"))
+    q = first_json(os.path.join(data_root(), "spec_bench80", "mt_bench.jsonl"))
     replies = ["Aloha! Hawaii was a dream.", "A trip to Hawaii: always amazing."]
     rec = {"conversations": [{"from": "system", "value": "You are helpful."},
                              {"from": "human", "value": q["turns"][0]}, {"from": "gpt", "value": replies[0]},

@@ -91,11 +91,11 @@ def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp
     r = invoke("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={out}", f"--publish={published}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("done already") == len(STAGES) + 3 and "running" not in r.stderr
-    names = {"results.json", "table.md", "target_pretrain.json", "T0_results.md", "T1_results.md",
-             "T0_acceptance.png", "T0_tau_vs_iterations.png", "T1_acceptance.png", "T0_v2_results.md"}
-    assert names <= set(os.listdir(published))
-    assert (published / "T0_results.md").read_text() == (out / "eval" / "T0" / "results.md").read_text()
-    assert json.loads((published / "target_pretrain.json").read_text())["val_loss"] > 0
+    assert set(os.listdir(published)) == {"results.json", "table.md", "T0_acceptance.png", "T0_tau_vs_iterations.png",
+                                          "T1_acceptance.png", "T0_v2_acceptance.png", "T1_v2_acceptance.png"}
+    assert (published / "table.md").read_text() == (out / "table.md").read_text()
+    published_results = json.loads((published / "results.json").read_text())
+    assert published_results["target"]["val_loss"] > 0 and set(published_results["eval"]) == {"T0", "T1", "T0_v2", "T1_v2"}
 
 
 def test_the_exported_target_loads_in_transformers_and_passes_logit_check(smoke_run):
@@ -238,7 +238,7 @@ def test_a_cached_stage_is_reused_only_while_its_settings_and_inputs_match(tmp_p
         return {"step": 1, "steps": 1}
 
     monkeypatch.setattr(reproduction, "run_stage", fake_stage)
-    monkeypatch.setattr(reproduction, "gather", lambda run: {})
+    monkeypatch.setattr(reproduction, "gather", lambda config, run: {})
     monkeypatch.setattr(reproduction, "table", lambda results: "")
     run_dir, first = str(tmp_path / "run"), ["target", "regen", "dflash", "markov"]
     config = cli.with_overrides(SMOKE)
@@ -284,7 +284,7 @@ def test_a_resumed_stage_reports_the_wall_time_of_all_its_runs(tmp_path, monkeyp
     clock = itertools.count(0.0, 30.0)  # every run of the stage lasts 30 s on this clock
     monkeypatch.setattr(reproduction, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     monkeypatch.setattr(reproduction, "run_stage", fake_stage)
-    monkeypatch.setattr(reproduction, "gather", lambda run: {})
+    monkeypatch.setattr(reproduction, "gather", lambda config, run: {})
     monkeypatch.setattr(reproduction, "table", lambda results: "")
     run_dir, config = str(tmp_path / "run"), cli.with_overrides(SMOKE)
     with pytest.raises(KeyboardInterrupt):
@@ -294,3 +294,41 @@ def test_a_resumed_stage_reports_the_wall_time_of_all_its_runs(tmp_path, monkeyp
     reproduction.reproduce(config, run_dir, ["target"])
     with open(os.path.join(run_dir, "target", "DONE.json")) as f:
         assert json.load(f)["seconds"] == 90.0
+
+
+def test_the_main_job_starts_from_the_shipped_checkpoints_and_notices_when_they_change(tmp_path, monkeypatch):
+    """configs/tiny_heads.py ships target/ and dflash/: it runs only regen, its two heads and eval,
+    its heads start from the shipped drafter, and heads trained on other shipped weights are stale."""
+    from xpress_jax import assets, cli
+    from xpress_jax.errors import InputError
+    from xpress_jax.reproduce import stages as reproduction
+
+    main = os.path.join(ROOT, "configs", "tiny_heads.py")
+    config = cli.with_overrides(main)
+    assert reproduction.pipeline(config) == ("regen", "xpress.frozen", "markov", "eval")
+    assert reproduction.needs(config, "eval") == ("target", "regen", "dflash", "xpress.frozen", "markov")
+    run_dir = str(tmp_path / "run")
+    c = reproduction.stage_config(config, run_dir, "markov")
+    assert (c.train.init_from, c.target.hf_dir, c.train.trainable) == (assets.TINY_DFLASH, assets.TINY_TARGET, "heads")
+    assert [m.checkpoint for m in reproduction.trained_methods(config, run_dir)] == [
+        assets.TINY_DFLASH, os.path.join(run_dir, "xpress.frozen", "export"), os.path.join(run_dir, "markov", "export")]
+
+    monkeypatch.setattr(reproduction, "run_stage", lambda config, run, stage: {"step": 1, "steps": 1})
+    monkeypatch.setattr(reproduction, "gather", lambda config, run: {})
+    monkeypatch.setattr(reproduction, "table", lambda results: "")
+    reproduction.reproduce(config, run_dir, ["regen", "markov"])
+    with open(os.path.join(run_dir, "markov", "DONE.json")) as f:
+        inputs = json.load(f)["inputs"]
+    assert inputs["dflash"] == assets.sha256(os.path.join(assets.TINY_DFLASH, "model.safetensors"))[:16]
+    with pytest.raises(InputError, match=r"does not run \['target'\] \(shipped"):
+        reproduction.reproduce(config, run_dir, ["target"])
+    # another drafter in place of the shipped one: the head trained on it is stale
+    other = tmp_path / "other_dflash"
+    shutil.copytree(assets.TINY_DFLASH, other)
+    with open(other / "model.safetensors", "ab") as f:
+        f.write(b" ")
+    moved = cli.with_overrides(main, **{"reproduce.dflash_from": str(other)})
+    with pytest.raises(InputError, match=r"markov is finished but it was built on an earlier dflash/"):
+        reproduction.reproduce(moved, run_dir, ["markov"])
+    with pytest.raises(InputError, match=r"reproduce.dflash_from=.* is not a checkpoint directory"):
+        reproduction.reproduce(cli.with_overrides(main, **{"reproduce.dflash_from": str(tmp_path)}), run_dir)

@@ -143,6 +143,8 @@ RULES: dict[str, Rule] = {
     "reproduce.drafter_steps": _pos_int, "reproduce.head_steps": _pos_int,
     "reproduce.temperatures": sequence(number(0.0), nonempty=True, what="temperatures >= 0"),
     "reproduce.speed_verify_tokens": _nonneg_int,
+    "reproduce.train_stages": sequence(text(nonempty=True), unique=True, what="stage names"),
+    "reproduce.target_from": text(), "reproduce.dflash_from": text(),
 }
 
 

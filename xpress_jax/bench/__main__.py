@@ -33,7 +33,7 @@ flags.DEFINE_integer("context", 512, "heads: committed positions the drafter att
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                   "heads: compute and weight dtype (float32 on CPUs, where bfloat16 matmuls are emulated).",
                   flag_values=FLAGS)
-flags.DEFINE_string("run_dir", "runs/repro", "e2e: a finished tiny reproduction (python -m xpress_jax.reproduce).",
+flags.DEFINE_string("run_dir", "runs/repro", "e2e: a finished tiny reproduction (python -m xpress_jax.reproduce --config=configs/tiny_repro.py).",
                     flag_values=FLAGS)
 flags.DEFINE_string("repro_config", cli.config_path("tiny_repro.py"), "e2e: the config that reproduction ran.",
                     flag_values=FLAGS)

@@ -1,5 +1,5 @@
 """The `e2e` suite: the costs that only mean something on trained weights, on the tiny
-reproduction's checkpoints (`python -m xpress_jax.reproduce`, default runs/repro).
+reproduction's checkpoints (`python -m xpress_jax.reproduce --config=configs/tiny_repro.py`, in runs/repro).
 
 1. Tokens/s of every trained method against target-only decoding, in one evaluation run.
 2. The heads on the frozen DFlash drafter's real blocks (GSM8K test prompts, the target's own
@@ -36,9 +36,9 @@ from xpress_jax.errors import InputError
 SAME_DRAFTER = {"markov": "markov", "gru": "gru", "xpress": "xpress.frozen"}
 
 
-def _check_run(run: str) -> None:
-    from xpress_jax.reproduce.stages import TRAIN_STAGES, is_done
-    missing = [s for s in ("target", *TRAIN_STAGES) if not is_done(run, s)]
+def _check_run(config, run: str) -> None:
+    from xpress_jax.reproduce.stages import TRAIN_STAGES, available
+    missing = [s for s in ("target", *TRAIN_STAGES) if not available(config, run, s)]
     if missing:
         raise InputError(f"{run}: stages {missing} are not done; run python -m xpress_jax.reproduce first "
                          f"(or point --run_dir at a finished reproduction)")
@@ -52,15 +52,15 @@ def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_token
     from xpress_jax.eval.evaluate import encode_prompts, evaluate
     from xpress_jax.eval.settings import EvalSettings
     from xpress_jax.data.questions import load_questions
-    from xpress_jax.reproduce.stages import stage_config, trained_methods
+    from xpress_jax.reproduce.stages import export_dir, stage_config, trained_methods
 
-    _check_run(run)
+    _check_run(config, run)
     c = stage_config(config, run, "eval")
     settings = dataclasses.replace(
         EvalSettings.from_config(c.eval), datasets=("gsm8k",), num_prompts=num_prompts, max_new_tokens=max_new_tokens,
         temperature=0.0, iteration_sweep=(), candidate_k=top_k, time_split=False, dloop_branches=(1,),
         out_dir=os.path.join(out_dir, "e2e-eval"))
-    report, failures = evaluate(c, trained_methods(run, (1,)), settings, check_lossless=True)
+    report, failures = evaluate(c, trained_methods(config, run, (1,)), settings, check_lossless=True)
     rows = report["results"]["gsm8k"]
     out = {"run_dir": run, "prompts": num_prompts, "max_new_tokens": max_new_tokens, "lossless_failures": failures,
            "decode": {label: {**{k: r[k] for k in ("tau", "tokens_per_s", "speedup", "mean_iterations")},
@@ -70,8 +70,8 @@ def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_token
 
     # real blocks of the frozen dflash/ drafter, at every position of the target's own continuations
     target = build_target(c)
-    drafter = build_drafter(c, target, os.path.join(run, "dflash", "export"))
-    heads = {name: build_head(name, c, drafter.cfg, os.path.join(run, stage, "export"))
+    drafter = build_drafter(c, target, export_dir(config, run, "dflash"))
+    heads = {name: build_head(name, c, drafter.cfg, export_dir(config, run, stage))
              for name, stage in SAME_DRAFTER.items()}
     prompts, _, stops = encode_prompts(c, load_questions("gsm8k", num_prompts), c.eval.max_prompt_tokens)
     continuations = generate_greedy(target, prompts, max_new_tokens=max_new_tokens, stop_ids=stops).tokens

@@ -18,7 +18,7 @@ import sysconfig
 import warnings
 
 from xpress_jax import atomic
-from xpress_jax.data.questions import data_root
+from xpress_jax.assets import data_root
 from xpress_jax.errors import DataError
 
 CODE_INSTRUCTION = "Complete the code I provided.\n\n"
@@ -35,7 +35,8 @@ def _chat(rid: str, question: str, answer: str) -> dict:
 def gsm8k_records(split: str = "train") -> list[dict]:
     path = os.path.join(data_root(), "gsm8k", f"{split}.jsonl")
     if not os.path.isfile(path):
-        raise DataError(f"GSM8K file {path!r} does not exist (set XPRESS_DATA to the shared data folder)")
+        where = " (under $XPRESS_DATA)" if "XPRESS_DATA" in os.environ else ""
+        raise DataError(f"GSM8K file {path!r} does not exist{where}")
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [_chat(f"gsm8k-{split}-{i}", r["question"], r["answer"]) for i, r in enumerate(rows)]

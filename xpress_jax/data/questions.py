@@ -1,4 +1,4 @@
-"""Evaluation questions: the benchmark sets in ../shared/data, or any jsonl of questions."""
+"""Evaluation questions: the benchmark sets that ship in `xpress_jax/assets/data`, or any jsonl of questions."""
 
 from __future__ import annotations
 
@@ -6,15 +6,10 @@ import gzip
 import json
 import os
 
+from xpress_jax.assets import data_root
 from xpress_jax.errors import DataError
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt_bench", "alpaca")
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def data_root() -> str:
-    """$XPRESS_DATA, else ../shared/data beside the checkout."""
-    return os.environ.get("XPRESS_DATA", os.path.join(os.path.dirname(_REPO), "shared", "data"))
 
 
 def _first_question(record: dict, where: str) -> str:

@@ -80,14 +80,19 @@ def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, bran
     return with_branches(methods, branches)
 
 
-def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tuple[list[list[int]], int, list[int]]:
-    """Chat-formatted prompt ids; prompts over max_prompt_tokens are skipped (counted), never cut:
-    a cut prompt loses the end of the question and the assistant header."""
+def _tokenizer(config):
     from xpress_jax.data.byte_tokenizer import ByteTokenizer, tokenizer_for
-    from xpress_jax.data.chat import prompt_ids
     tok = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
     if isinstance(tok, ByteTokenizer):
         log.warning("no tokenizer in target.hf_dir: byte-level prompts (a smoke run with random weights)")
+    return tok
+
+
+def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tuple[list[list[int]], int, list[int]]:
+    """Chat-formatted prompt ids; prompts over max_prompt_tokens are skipped (counted), never cut:
+    a cut prompt loses the end of the question and the assistant header."""
+    from xpress_jax.data.chat import prompt_ids
+    tok = _tokenizer(config)
     stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     encoded = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
     kept = [p for p in encoded if len(p) <= max_prompt_tokens]
@@ -161,20 +166,30 @@ def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s
     return r, sweep or None
 
 
+def example(config, questions: list[str], max_prompt_tokens: int, answer: list[int], rows: dict) -> dict:
+    """The first kept prompt of a dataset as text: its question, the target's answer, and each
+    method's target passes over it (what a reader looks at first)."""
+    from xpress_jax.data.chat import prompt_ids
+    tok = _tokenizer(config)
+    question = next(q for q in questions if len(prompt_ids(tok, [{"role": "user", "content": q}])) <= max_prompt_tokens)
+    return {"question": question, "answer": tok.decode(answer, skip_special_tokens=True),
+            "target_passes": {label: int(r["per_prompt"]["steps"][0]) for label, r in rows.items() if "per_prompt" in r}}
+
+
 def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: bool = False) -> tuple[dict, int]:
     """Runs target-only decoding once per dataset and every method against it; writes results.json,
     results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
     target-only decoding at temperature 0 when check_lossless)."""
     target, models = build_methods(config, methods)
     os.makedirs(s.out_dir, exist_ok=True)
-    encoded = {ds: encode_prompts(config, load_questions(ds, s.num_prompts), s.max_prompt_tokens)
-               for ds in s.datasets}
+    questions = {ds: load_questions(ds, s.num_prompts) for ds in s.datasets}
+    encoded = {ds: encode_prompts(config, questions[ds], s.max_prompt_tokens) for ds in s.datasets}
     for ds, (prompts, skipped, _) in encoded.items():
         if not prompts:
             raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
     # one padded prompt length for every dataset: one compiled program per decoder setting
     pad = round_up(max(len(p) for prompts, _, _ in encoded.values() for p in prompts), PROMPT_BUCKET)
-    results, sweep, skipped_long = {}, {}, {}
+    results, sweep, skipped_long, examples = {}, {}, {}, {}
     for ds in s.datasets:
         prompts, skipped_long[ds], stop_ids = encoded[ds]
         base_tokens, base_stats, base_s = run_decoder(SpecModels(target), prompts, "target", s, stop_ids, pad,
@@ -187,13 +202,15 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
             if by_iterations:
                 sweep.setdefault(ds, {})[m.label] = by_iterations
         compare_to_reference(results[ds])
+        examples[ds] = example(config, questions[ds], s.max_prompt_tokens, base_tokens[0], results[ds])
     one_checkpoint = len({m.checkpoint for m in methods}) == 1
     report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "settings": s.as_dict(),
               "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,
                                     **({"branches": m.branches} if DECODERS[m.decoder].loop else {})}
                           for m in methods},
               **describe_checkpoint(methods[0].checkpoint if one_checkpoint else ""),
-              "skipped_long_prompts": skipped_long, "results": results, "iteration_sweep": sweep}
+              "skipped_long_prompts": skipped_long, "results": results, "iteration_sweep": sweep,
+              "examples": examples}
     write_outputs(report, s.out_dir)
     failures = sum(r.get("mismatches", 0) for rows in results.values() for r in rows.values())
     return report, failures

@@ -1,10 +1,15 @@
-"""The tiny end-to-end reproduction: a target trained here, drafters trained for it, the papers'
+"""The project's main job: drafters trained and evaluated on a tiny Qwen3 target, the papers'
 table in miniature. Each stage is cached and resumable; run it again to continue.
 
-    python -m xpress_jax.reproduce                         # configs/tiny_repro.py, runs/repro
+    python -m xpress_jax.reproduce                         # configs/tiny_heads.py -> runs/heads (minutes)
+    python -m xpress_jax.reproduce --config=configs/tiny_repro.py   # every stage from scratch (hours)
     python -m xpress_jax.reproduce --config=configs/tiny_repro_smoke.py --out=/tmp/smoke
 
-Stages (one subdirectory of OUT each, done when it holds DONE.json):
+The default config starts from the target and DFlash drafter that ship in xpress_jax/assets/tiny
+and trains heads on the frozen drafter; configs/tiny_repro.py makes those two as well.
+
+Stages (one subdirectory of OUT each, done when it holds DONE.json; a config may ship the first
+ones or leave training stages out):
   target/         pretrain the Qwen3 target (HF directory with its BPE tokenizer)
   regen/          the target's greedy answers to training questions (the drafters' data)
   dflash/         the DFlash drafter alone
@@ -26,10 +31,10 @@ import os
 from absl import flags
 
 from xpress_jax import cli
-from xpress_jax.reproduce.stages import publish, reproduce, table
+from xpress_jax.reproduce.stages import examples_text, publish, reproduce, table
 
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
-DEFAULT_CONFIG = cli.config_path("tiny_repro.py")
+DEFAULT_CONFIG = cli.config_path("tiny_heads.py")
 flags.DEFINE_string("out", None, "Run directory (default: reproduce.out_dir of the config).", flag_values=FLAGS)
 flags.DEFINE_list("stages", None, "Run only these stages (default: all, in order; earlier ones must be done).",
                   flag_values=FLAGS)
@@ -41,6 +46,9 @@ def main(config):
     run = FLAGS.out or config.reproduce.out_dir
     results = reproduce(config, run, FLAGS.stages)
     print(table(results))
+    examples = examples_text(results)
+    if examples:
+        print(examples + "\n")
     plots = [os.path.join(run, "eval", t, p) for t in results["eval"] for p in ("acceptance.png", "tau_vs_iterations.png")
              if os.path.isfile(os.path.join(run, "eval", t, p))]
     print(f"results: {os.path.join(run, 'results.json')}, {os.path.join(run, 'table.md')}")

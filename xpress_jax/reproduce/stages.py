@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 import platform
@@ -15,7 +14,7 @@ import sys
 import time
 import uuid
 
-from xpress_jax import atomic, cli
+from xpress_jax import assets, atomic, cli
 from xpress_jax.eval.settings import EvalSettings
 
 # stage -> how it trains: budget (a `reproduce` field), what trains, which heads, the stage it
@@ -37,6 +36,47 @@ TRAIN_STAGES = {
 STAGES = ("target", "regen") + tuple(TRAIN_STAGES) + ("eval",)
 NEEDS = {"target": (), "regen": ("target",), "eval": STAGES[:-1],  # done before a stage
          **{s: ("target", "regen") + ((t["init"],) if t["init"] else ()) for s, t in TRAIN_STAGES.items()}}
+# stages a config may take as given instead of producing them: stage -> its `reproduce` field
+SHIPPABLE = {"target": "target_from", "dflash": "dflash_from"}
+
+
+def shipped(config) -> dict[str, str]:
+    """{stage: directory} of the stages the config takes as given (an HF target, a drafter export)."""
+    return {stage: config.reproduce[field] for stage, field in SHIPPABLE.items() if config.reproduce[field]}
+
+
+def pipeline(config) -> tuple[str, ...]:
+    """The stages the config runs, in order: every stage but the shipped ones and the training
+    stages outside reproduce.train_stages."""
+    given, trained = shipped(config), set(config.reproduce.train_stages)
+    return tuple(s for s in STAGES if s not in given and (s not in TRAIN_STAGES or s in trained))
+
+
+def needs(config, stage: str) -> tuple[str, ...]:
+    """The stages `stage` is built on, within what this config runs or ships (eval: every method)."""
+    present = set(pipeline(config)) | set(shipped(config))
+    if stage == "eval":
+        return tuple(s for s in NEEDS[stage] if s in present)
+    return NEEDS[stage]
+
+
+def method_stages(config) -> tuple[str, ...]:
+    """The training stages whose exports the eval measures: trained here or shipped."""
+    present = set(pipeline(config)) | set(shipped(config))
+    return tuple(s for s in TRAIN_STAGES if s in present)
+
+
+def stage_dir(config, run: str, stage: str) -> str:
+    return shipped(config).get(stage) or os.path.join(run, stage)
+
+
+def export_dir(config, run: str, stage: str) -> str:
+    """A training stage's drafter export (a shipped drafter is an export itself)."""
+    return shipped(config).get(stage) or os.path.join(run, stage, "export")
+
+
+def available(config, run: str, stage: str) -> bool:
+    return stage in shipped(config) or is_done(run, stage)
 
 
 # The config fields that decide what a stage produces. A finished stage records them (and the
@@ -73,9 +113,11 @@ def stage_settings(config, stage: str) -> dict:
     return out
 
 
-def _done_digest(run: str, stage: str) -> str:
-    with open(_done_path(run, stage), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+def _stage_digest(config, run: str, stage: str) -> str:
+    """What identifies a stage's output to the stages built on it: its DONE.json, or the shipped weights."""
+    given = shipped(config).get(stage)
+    path = os.path.join(given, "model.safetensors") if given else _done_path(run, stage)
+    return assets.sha256(path)[:16]
 
 
 def stale_reason(config, run: str, stage: str) -> str | None:
@@ -89,9 +131,9 @@ def stale_reason(config, run: str, stage: str) -> str | None:
         return f"it was made with {shown}"
     inputs = done.get("inputs", {})
     for need, digest in inputs.items():
-        if not is_done(run, need) or _done_digest(run, need) != digest:
+        if not available(config, run, need) or _stage_digest(config, run, need) != digest:
             return f"it was built on an earlier {need}/"
-    new = [need for need in NEEDS[stage] if need not in inputs]  # a stage added since (eval: a method)
+    new = [need for need in needs(config, stage) if need not in inputs]  # a stage added since (eval: a method)
     if new:
         return f"it was made without {', '.join(n + '/' for n in new)}"
     return None
@@ -121,7 +163,7 @@ def _mark_done(config, run: str, stage: str, seconds: float, summary: dict) -> N
     # finish_id: a redone stage never has the DONE.json it had, so the stages built on it see the change
     record = {"stage": stage, "seconds": round(seconds, 1), **summary, "finish_id": uuid.uuid4().hex,
               "settings": stage_settings(config, stage),
-              "inputs": {need: _done_digest(run, need) for need in NEEDS[stage]}}
+              "inputs": {need: _stage_digest(config, run, need) for need in needs(config, stage)}}
     atomic.write_json(path, record)
 
 
@@ -131,14 +173,14 @@ def stage_config(config, run: str, stage: str):
     c.unlock()
     r = c.reproduce
     if stage != "target":
-        c.target.hf_dir = os.path.join(run, "target")
-        c.data.tokenizer_dir = os.path.join(run, "target")
+        c.target.hf_dir = stage_dir(config, run, "target")
+        c.data.tokenizer_dir = stage_dir(config, run, "target")
     c.data.train_files = (os.path.join(run, "regen", "data.jsonl"),)
     c.train.out_dir = os.path.join(run, stage)
     if stage in TRAIN_STAGES:
         t = TRAIN_STAGES[stage]
         c.train.update(steps=r[t["steps"]], trainable=t["trainable"], heads=t["heads"],
-                       init_from=os.path.join(run, t["init"], "export") if t["init"] else "")
+                       init_from=export_dir(config, run, t["init"]) if t["init"] else "")
         c.train.loss.update(t["loss"])
     c.lock()
     return c
@@ -161,26 +203,33 @@ def run_stage(config, run: str, stage: str) -> dict:
 
 
 def regenerate_sample(config, run: str) -> dict:
-    """The target answers a seeded sample of its training questions (GSM8K and code mixed)."""
+    """The target answers a seeded sample of its training questions (GSM8K and code mixed): the
+    corpus its pretraining wrote, or for a shipped target the same corpus rebuilt."""
     import numpy as np
-    from xpress_jax.data.corpus import write_jsonl
+    from xpress_jax.data.corpus import build_corpus, write_jsonl
     from xpress_jax.data.dataset import read_records
     from xpress_jax.generate.regenerate import regenerate
     r = config.reproduce
     sample = os.path.join(run, "regen", "questions.jsonl")
     if not os.path.isfile(sample):  # fixed once, so a resumed stage continues the same sample
-        records = read_records([os.path.join(run, "target", "corpus_train.jsonl")])
+        corpus = os.path.join(stage_dir(config, run, "target"), "corpus_train.jsonl")
+        if os.path.isfile(corpus):
+            records = read_records([corpus])
+        else:
+            p = config.pretrain
+            records = build_corpus(code_functions=p.code_functions, val_fraction=p.val_fraction)[0]
         order = np.random.default_rng(config.seed).permutation(len(records))[:r.regen_records]
         write_jsonl([records[i] for i in order], sample)
     return regenerate(config, sample, os.path.join(run, "regen"), batch_size=r.regen_batch_size,
                       max_new_tokens=r.regen_max_new_tokens, max_prompt_tokens=config.data.max_len - 16)
 
 
-def trained_methods(run: str, dloop_branches=(1,)):
-    """Every trained stage's export as a method; D-Loop ones once per branch count in eval.dloop_branches."""
+def trained_methods(config, run: str, dloop_branches=(1,)):
+    """Every trained or shipped stage's export as a method; D-Loop ones once per branch count in
+    eval.dloop_branches."""
     from xpress_jax.eval.evaluate import Method, with_branches
-    return with_branches([Method(label, label.split(".")[0], os.path.join(run, label, "export"))
-                          for label in TRAIN_STAGES], dloop_branches)
+    return with_branches([Method(label, label.split(".")[0], export_dir(config, run, label))
+                          for label in method_stages(config)], dloop_branches)
 
 
 def eval_passes(config, run: str) -> list[tuple[str, EvalSettings]]:
@@ -207,17 +256,18 @@ def evaluate_all(config, run: str) -> dict:
     out = {}
     for name, s in eval_passes(config, run):
         greedy = s.temperature == 0
-        report, failures = evaluate(config, trained_methods(run, s.dloop_branches), s, check_lossless=greedy)
+        report, failures = evaluate(config, trained_methods(config, run, s.dloop_branches), s, check_lossless=greedy)
         if failures:
             raise RuntimeError(f"{name}: {failures} outputs at temperature 0 differ from target-only decoding")
         out[name] = report
     return {"passes": list(out)}
 
 
-def gather(run: str) -> dict:
-    """Everything the reproduction measured, in one JSON: stage times, target quality, eval reports."""
+def gather(config, run: str) -> dict:
+    """Everything the reproduction measured, in one JSON: stage times, target quality, eval reports,
+    and the shipped stages it started from (with their weights' digests)."""
     stages = {}
-    for stage in STAGES:
+    for stage in pipeline(config):
         if is_done(run, stage):
             with open(_done_path(run, stage)) as f:
                 stages[stage] = json.load(f)
@@ -228,14 +278,16 @@ def gather(run: str) -> dict:
             with open(path) as f:
                 evals[name] = json.load(f)
     target_report = {}
-    if os.path.isfile(os.path.join(run, "target", "pretrain.json")):
-        with open(os.path.join(run, "target", "pretrain.json")) as f:
+    target_json = os.path.join(stage_dir(config, run, "target"), "pretrain.json")
+    if os.path.isfile(target_json):
+        with open(target_json) as f:
             target_report = json.load(f)
     import jax
     return {"date": time.strftime("%Y-%m-%d"), "machine": {"device": jax.devices()[0].device_kind,
                                                            "cpu_count": os.cpu_count(), "platform": platform.platform(),
                                                            "python": platform.python_version(),
                                                            "jax": jax.__version__},
+            "shipped": {s: {"dir": d, "weights_sha256": _stage_digest(config, run, s)} for s, d in shipped(config).items()},
             "stage_seconds": {s: v["seconds"] for s, v in stages.items()},
             "total_seconds": round(sum(v["seconds"] for v in stages.values()), 1),
             "target": target_report, "eval": evals,
@@ -298,29 +350,66 @@ def table(results: dict) -> str:
     return "\n".join(lines).lstrip() + "\n"
 
 
+def examples_text(results: dict, max_lines: int = 8) -> str:
+    """Each dataset's first question and the target's answer (every method's output at temperature
+    0), with the target passes each method spent on it."""
+    first = next(iter(results["eval"].values()), {})
+    blocks = []
+    for ds, ex in first.get("examples", {}).items():
+        answer = ex["answer"].strip().splitlines()
+        shown = answer[:max_lines] + ([f"... ({len(answer) - max_lines} more lines)"] if len(answer) > max_lines else [])
+        passes = ", ".join(f"{label} {n}" for label, n in ex["target_passes"].items())
+        blocks.append(f"[{ds}] {ex['question'].strip().splitlines()[0][:200]}\n" + "\n".join("  " + line for line in shown)
+                      + f"\n  target passes for this answer: {passes}")
+    return "\n\n".join(blocks)
+
+
 def publish(run: str, dest: str) -> None:
-    """Copies what a reader of the results needs (the table, results.json, each temperature's full
-    report and plots, the target's report) into `dest`, e.g. benchmarks/tiny."""
+    """Copies what a reader of the results needs into `dest` (e.g. benchmarks/tiny), each result
+    once: results.json (every eval report, the target's report, stage times), table.md (its
+    rendering) and each eval pass's plots."""
     os.makedirs(dest, exist_ok=True)
     copies = {name: name for name in ("results.json", "table.md")}
-    copies["target_pretrain.json"] = os.path.join("target", "pretrain.json")
     for t in sorted(os.listdir(os.path.join(run, "eval"))):
-        for name in ("results.md", "acceptance.png", "tau_vs_iterations.png"):
+        for name in ("acceptance.png", "tau_vs_iterations.png"):
             copies[f"{t}_{name}"] = os.path.join("eval", t, name)
     for name, src in copies.items():
         if os.path.isfile(os.path.join(run, src)):  # T1 has no iteration sweep, so no tau_vs_iterations.png
             shutil.copy(os.path.join(run, src), os.path.join(dest, name))
 
 
-def reproduce(config, run: str, stages=None) -> dict:
-    wanted = list(stages or STAGES)
+def _check_stages(config, wanted) -> None:
+    from xpress_jax.errors import InputError
     unknown = [s for s in wanted if s not in STAGES]
     if unknown:
-        from xpress_jax.errors import InputError
         raise InputError(f"unknown stages {unknown}; choose from {', '.join(STAGES)}")
+    unknown = [s for s in config.reproduce.train_stages if s not in TRAIN_STAGES]
+    if unknown:
+        raise InputError(f"config field reproduce.train_stages names unknown stages {unknown}; choose from "
+                         f"{', '.join(TRAIN_STAGES)}")
+    for stage, path in shipped(config).items():
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise InputError(f"config field reproduce.{SHIPPABLE[stage]}={path!r} is not a checkpoint directory "
+                             "(no config.json)")
+    runs = pipeline(config)
+    skipped = [s for s in wanted if s not in runs]
+    if skipped:
+        raise InputError(f"this config does not run {skipped} (shipped, or not in reproduce.train_stages); "
+                         f"it runs {', '.join(runs)}")
+    for stage in runs:
+        missing = [n for n in needs(config, stage) if n not in runs and n not in shipped(config)]
+        if missing:
+            raise InputError(f"stage {stage} is built on {missing}, which this config neither runs nor ships "
+                             "(reproduce.train_stages, reproduce.target_from, reproduce.dflash_from)")
+
+
+def reproduce(config, run: str, stages=None) -> dict:
+    runs = pipeline(config)
+    wanted = list(stages or runs)
+    _check_stages(config, wanted)
     os.makedirs(run, exist_ok=True)
     cli.log_to_file(os.path.join(run, "log.txt"))
-    for stage in STAGES:
+    for stage in runs:
         if stage not in wanted:
             continue
         if is_done(run, stage):
@@ -333,7 +422,7 @@ def reproduce(config, run: str, stages=None) -> dict:
                                  + " to redo it, or pass another --out")
             print(f"[{stage}] done already (cached in {os.path.join(run, stage)})", file=sys.stderr)
             continue
-        missing = [s for s in NEEDS[stage] if not is_done(run, s)]
+        missing = [s for s in needs(config, stage) if not available(config, run, s)]
         if missing:
             from xpress_jax.errors import InputError
             raise InputError(f"stage {stage} needs {missing} first")
@@ -350,7 +439,7 @@ def reproduce(config, run: str, stages=None) -> dict:
             break
         _mark_done(config, run, stage, seconds, summary)
         print(f"[{stage}] done in {seconds / 60:.1f} min", file=sys.stderr)
-    results = gather(run)
+    results = gather(config, run)
     atomic.write_json(os.path.join(run, "results.json"), results)
     atomic.write_text(os.path.join(run, "table.md"), table(results))
     return results

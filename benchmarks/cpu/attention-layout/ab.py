@@ -3,7 +3,7 @@ before it (written out below) against the package's current `attend`, `Attention
 `Qwen3.logits`, on the real decode loop (`decoding.speculative.generate`) and on the pretraining
 step's forward and backward pass. Run from the repository root, with nothing else on the CPU:
 
-    python benchmarks/cpu/attention-layout/ab.py --run_dir=benchmarks/tiny/run-2026-12-01
+    python benchmarks/cpu/attention-layout/ab.py --run_dir=runs/repro
 
 It needs the published run's `target/` and `dflash/export/` (random prompts of 300 tokens, 128 new
 tokens). Output: one line per case with both timings, their ratio and whether the tokens agree.
@@ -97,7 +97,7 @@ def pretrain_case(target_dir, rounds=5):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run_dir", default="benchmarks/tiny/run-2026-12-01")
+    parser.add_argument("--run_dir", default="runs/repro")
     parser.add_argument("--context", type=int, default=300, help="prompt tokens")
     parser.add_argument("--rounds", type=int, default=3, help="alternations of the two formulations")
     parser.add_argument("--cases", default="target@1,dflash@1,target@64,pretrain",

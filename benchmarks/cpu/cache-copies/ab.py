@@ -73,7 +73,7 @@ def measure(checkout, run, slots, cases):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, help="the checkout to compare with (e.g. a worktree of bcad55e)")
-    ap.add_argument("--run", default=os.path.abspath("benchmarks/tiny/run-2026-12-01"))
+    ap.add_argument("--run", default=os.path.abspath("runs/repro"))
     ap.add_argument("--slots", default="320,640")
     ap.add_argument("--cases", default="target,dflash_v4", help="of target, dflash_v4, dloop, dloop_k4")
     ap.add_argument("--rounds", type=int, default=2)

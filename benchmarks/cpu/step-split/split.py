@@ -119,7 +119,7 @@ def matmul_rows(target, rows=(1, 2, 5, 16)):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", default="benchmarks/tiny/run-2026-12-01", help="a reproduction run directory")
+    ap.add_argument("--run", default="runs/repro", help="a reproduction run directory")
     ap.add_argument("--slots", default="320,640", help="cache slots, comma-separated")
     ap.add_argument("--out", default="", help="write the figures here as JSON")
     args = ap.parse_args()

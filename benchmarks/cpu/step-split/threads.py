@@ -47,7 +47,7 @@ def measure(run, cores):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", default="benchmarks/tiny/run-2026-12-01", help="a reproduction run directory")
+    ap.add_argument("--run", default="runs/repro", help="a reproduction run directory")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="", help="write the figures here as JSON")
     args = ap.parse_args()

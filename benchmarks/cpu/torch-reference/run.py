@@ -153,7 +153,7 @@ def measure_set(methods, prompts, ds):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run", default="benchmarks/tiny/run-2026-12-01", help="a reproduction run directory")
+    ap.add_argument("--run", default="runs/repro", help="a reproduction run directory")
     ap.add_argument("--datasets", default="gsm8k,humaneval,mt_bench,alpaca")
     ap.add_argument("--num_prompts", type=int, default=16, help="per data set (the eval's first N questions)")
     ap.add_argument("--max_new_tokens", type=int, default=192)
