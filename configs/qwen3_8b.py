@@ -14,6 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
         target=target_arch(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
                            rope_theta=1_000_000.0, tie_word_embeddings=False, max_position_embeddings=40960),
-        drafter=drafter_section(num_layers=5, target_layer_ids=(1, 9, 17, 25, 33), block_size=16),
+        # target layers (1, 9, 17, 25, 33 for 36 layers) and mask token (151669) derived from the target
+        drafter=drafter_section(num_layers=5, block_size=16),
         heads=heads_section(rank=256),
         train={"out_dir": "runs/qwen3_8b"})

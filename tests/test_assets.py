@@ -65,3 +65,24 @@ def test_the_data_root_follows_xpress_data(monkeypatch, tmp_path):
     (tmp_path / "spec_bench80").mkdir()
     (tmp_path / "spec_bench80" / "alpaca.jsonl").write_text('{"turns": ["Why is the sky blue?"]}\n')
     assert load_questions("alpaca") == ["Why is the sky blue?"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('[1, 2]', "expected a JSON object, got list"),
+    ('"text"', "expected a JSON object, got str"),
+    ('{"turns": [5]}', "'turns' must be a non-empty list of strings"),
+    ('{"turns": "hi"}', "'turns' must be a non-empty list of strings"),
+    ('{"question": 3}', "'question' must be a string, got int"),
+    ('{"messages": 5}', "'conversations' / 'messages' must be a list of objects"),
+    ('{"conversations": ["x"]}', "'conversations' / 'messages' must be a list of objects"),
+    ('{"conversations": [{"role": "user"}]}', "the first user turn has no string 'content' / 'value'"),
+    ('{"id": 1}', "no question found"),
+    ('{"turns": ["fine"]', "not JSON"),
+])
+def test_every_malformed_question_record_is_refused_with_its_file_and_line(tmp_path, line, message):
+    from xpress_jax.data.questions import load_questions
+    from xpress_jax.errors import DataError
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"turns": ["a good first line"]}\n' + line + "\n")
+    with pytest.raises(DataError, match=f"{path}:2: " + __import__("re").escape(message)):
+        load_questions(str(path))

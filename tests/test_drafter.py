@@ -2,6 +2,7 @@
 the block-sparse mask, the context cache, and the checkpoint layout the loaders accept."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -149,3 +150,24 @@ def test_block_inputs_and_config_errors():
     cfg = DrafterConfig.from_target(target, num_layers=2, mask_token_id=39)
     with pytest.raises(ConfigError, match="hidden_size is 16 but the target's is 32"):
         cfg.check_target(Qwen3Config(**{**target.__dict__, "hidden_size": 32}))
+
+
+def test_what_depends_on_the_target_is_derived_from_it(tmp_path):
+    """A recipe applied to another target: unless set, the drafter's target layers follow DFlash's
+    spacing over that target's layers, and its mask token comes from that target's tokenizer."""
+    from tokenizer_fixture import build_qwen3_tokenizer
+    from xpress_jax import assets
+    from xpress_jax.cli import with_overrides
+    from xpress_jax.errors import ConfigError
+    from xpress_jax.models.build import drafter_config
+    from xpress_jax.models.drafter import default_target_layer_ids
+    recipe = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "qwen3_8b.py")
+    own = drafter_config(with_overrides(recipe))  # random Qwen3-8B: DFlash's published choices
+    assert own.target_layer_ids == (1, 9, 17, 25, 33) and own.mask_token_id == 151669
+    tiny = drafter_config(with_overrides(recipe, **{"target.hf_dir": assets.TINY_TARGET}))  # 6 layers, its own BPE
+    assert tiny.target_layer_ids == tuple(default_target_layer_ids(6, 5)) and tiny.mask_token_id == 5
+    # Qwen3's tokenizer has no <|mask|>: the first id after its own (151669), refused where the vocabulary ends first
+    qwen3_tokenizer = build_qwen3_tokenizer(str(tmp_path / "tok"))
+    with pytest.raises(ConfigError, match=r"the first id after .* is 151669, outside the target's vocabulary of 2048"):
+        drafter_config(with_overrides(recipe, **{"target.hf_dir": assets.TINY_TARGET,
+                                                 "data.tokenizer_dir": qwen3_tokenizer}))

@@ -157,3 +157,26 @@ def test_the_eval_target_of_the_8b_config_is_held_in_bf16():
     gb = sum(math.prod(v.shape) * 2 for v in params) / 1e9
     print(f"Qwen3-8B target held for eval: {gb:.1f} GB")
     assert 16.0 < gb < 16.8
+
+
+def test_an_export_is_evaluated_from_its_directory_alone(tmp_path):
+    """The shipped drafter with its XPress refiner (rank 64) under configs/tiny.py, whose heads have
+    rank 32 and whose drafter differs: the checkpoint's own shapes are used, and the methods
+    measured are the ones it holds (no Markov or GRU head in it, so none asked for)."""
+    import shutil
+    from xpress_jax import assets
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(assets.TINY_DFLASH, ckpt)
+    shutil.copytree(os.path.join(assets.TINY_XPRESS_HEADS, "heads"), ckpt / "heads")
+    out = tmp_path / "eval"
+    r = invoke("xpress_jax.eval", f"--config.target.hf_dir={assets.TINY_TARGET}", f"--checkpoint={ckpt}",
+               "--datasets=gsm8k", "--num_prompts=2", "--max_new_tokens=8", "--check_lossless", f"--out={out}",
+               "--config.eval.iteration_sweep=()")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert set(report["results"]["gsm8k"]) == {"target", "dflash", "xpress"}
+    assert report["results"]["gsm8k"]["xpress"]["lossless"] is True
+    assert report["examples"]["gsm8k"]["answer"] and report["examples"]["gsm8k"]["target_passes"]["target"] >= 1
+    r = invoke("xpress_jax.eval", f"--config.target.hf_dir={assets.TINY_TARGET}", f"--checkpoint={ckpt}",
+               "--config.heads.rank=32", f"--out={tmp_path / 'e2'}")
+    assert r.returncode == 2 and "--config.heads.rank=32 but" in r.stderr and "has rank=64" in r.stderr

@@ -312,14 +312,31 @@ def nnx_abstract_markov(setup):
     return nnx.eval_shape(lambda: merge(setup.graphdef, setup.params).markov)
 
 
-def test_init_from_a_drafter_of_another_shape_is_refused(tmp_path):
+def test_a_checkpoint_brings_its_own_shapes_and_only_a_command_line_override_may_contradict_them(tmp_path):
+    """Fine-tuning or evaluating an export needs only its directory: the drafter's layers and the
+    heads' sizes come from its config files; a command-line value that differs is refused."""
+    from xpress_jax.cli import DEFAULT_CONFIG, with_overrides
+    from xpress_jax.models.build import build_drafter, build_head, build_target
     from xpress_jax.train.run import train
+    from train_helpers import TINY_OVERRIDES
     common = {"train.steps": "1", "train.save_every": "1000", "train.async_checkpointing": "false"}
-    train(train_config(tmp_path / "a", **common, **{"train.trainable": "drafter", "train.heads": "()"}))
-    config = train_config(tmp_path / "b", **common, **{"drafter.num_layers": "2",
-                                                       "train.init_from": str(tmp_path / "a" / "export")})
-    with pytest.raises(ConfigError, match="num_hidden_layers"):
+    train(train_config(tmp_path / "a", **common, **{"train.trainable": "all", "train.heads": "('xpress',)"}))
+    export = str(tmp_path / "a" / "export")
+    config = train_config(tmp_path / "b", **common, **{"drafter.num_layers": "2", "train.init_from": export})
+    with pytest.raises(ConfigError, match=r"--config.drafter.num_layers=2 but .*config.json has num_layers=1"):
         train(config)
+    # the config file's defaults (2 drafter layers, heads of rank 32) give way to the checkpoint's
+    unset = {k: v for k, v in TINY_OVERRIDES.items() if k not in ("drafter.num_layers", "heads.rank")}
+    config = with_overrides(DEFAULT_CONFIG, **unset, **common, **{
+        "train.out_dir": str(tmp_path / "c"), "train.init_from": export, "train.heads": "('xpress',)"})
+    assert (config.drafter.num_layers, config.heads.rank) == (2, 32)
+    assert train(config)["setup"].drafter_cfg.num_hidden_layers == 1
+    target = build_target(config)
+    drafter = build_drafter(config, target, export)
+    assert build_head("xpress", config, drafter.cfg, export).W_e[...].shape == (300, 16)
+    config = with_overrides(DEFAULT_CONFIG, **unset, **{"heads.rank": "8"})
+    with pytest.raises(ConfigError, match=r"--config.heads.rank=8 but .*xpress.config.json has rank=16"):
+        build_head("xpress", config, drafter.cfg, export)
 
 
 def test_the_train_steps_memory_per_device_falls_with_devices(tmp_path):

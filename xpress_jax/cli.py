@@ -20,6 +20,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from xpress_jax.config import COMMAND_LINE_KEYS
 from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
 
@@ -97,6 +98,8 @@ def define_config_flag(flag_values: flags.FlagValues, argv: list[str], default: 
     flag errors (`run` prints them as one line)."""
     path, keys = _config_args(argv, default)
     _check_keys(load_config(path), keys)
+    COMMAND_LINE_KEYS.clear()
+    COMMAND_LINE_KEYS.update(keys)
     try:
         config_flags.DEFINE_config_file("config", default, CONFIG_HELP, flag_values=flag_values, sys_argv=argv,
                                         lock_config=True)

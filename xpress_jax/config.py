@@ -6,10 +6,20 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_collections
 
-from xpress_jax.models.drafter import DFLASH_BLOCK_SIZE, DFLASH_DRAFT_LAYERS, QWEN3_MASK_TOKEN_ID
+from xpress_jax.models.drafter import DFLASH_BLOCK_SIZE, DFLASH_DRAFT_LAYERS
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+# the dotted config keys the current command line set (`--config.a.b=V`), kept by cli: where a
+# checkpoint records a value of its own (a head's rank, the drafter's target layers), the
+# checkpoint's wins unless the user asked for another here
+COMMAND_LINE_KEYS: set[str] = set()
+
+
+def set_on_command_line(key: str) -> bool:
+    return key in COMMAND_LINE_KEYS
 
 
 def dtype(name: str):
@@ -23,9 +33,14 @@ def target_arch(**fields) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({"hf_dir": "", "arch": fields})
 
 
+MASK_FROM_TOKENIZER = -1  # drafter.mask_token_id: the target tokenizer's <|mask|>, else its first unused id
+
+
 def drafter_section(num_layers: int = DFLASH_DRAFT_LAYERS, target_layer_ids=(), block_size: int = DFLASH_BLOCK_SIZE,
-                    mask_token_id: int = QWEN3_MASK_TOKEN_ID) -> ml_collections.ConfigDict:
-    """A `drafter` section; empty target_layer_ids means DFlash's default spacing."""
+                    mask_token_id: int = MASK_FROM_TOKENIZER) -> ml_collections.ConfigDict:
+    """A `drafter` section. What depends on the target is derived from it unless given: empty
+    target_layer_ids means DFlash's spacing over the target's layers, and MASK_FROM_TOKENIZER the
+    mask token of the target's tokenizer (build.mask_token)."""
     return ml_collections.ConfigDict({"num_layers": num_layers, "target_layer_ids": tuple(target_layer_ids),
                                       "block_size": block_size, "mask_token_id": mask_token_id})
 

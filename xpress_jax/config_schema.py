@@ -109,7 +109,7 @@ RULES: dict[str, Rule] = {
     "target.arch.max_position_embeddings": _pos_int,
     "drafter.num_layers": _pos_int, "drafter.block_size": integer(2),
     "drafter.target_layer_ids": sequence(_nonneg_int, unique=True, what="layer ids >= 0"),
-    "drafter.mask_token_id": _nonneg_int,
+    "drafter.mask_token_id": integer(-1),  # -1: from the target's tokenizer
     "heads.rank": _pos_int, "heads.gru_hidden": _pos_int, "heads.proj_dim": _pos_int,
     # train.steps 0 means "by epochs" (train.epochs over the data)
     "train.steps": _nonneg_int, "train.epochs": _pos_int,

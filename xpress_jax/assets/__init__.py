@@ -1,5 +1,6 @@
 """What ships inside the package: the data sets (`assets/data`, with their licences) and the tiny
-reproduction's trained checkpoints (`assets/tiny`: the Qwen3 target and its DFlash drafter).
+reproduction's trained checkpoints (`assets/tiny`: the Qwen3 target, its DFlash drafter, and an
+XPress refiner trained on that drafter).
 Every file is listed with its SHA-256 in `assets/SHA256SUMS`.
 
 `$XPRESS_DATA` points the data sets elsewhere (a folder with the same layout); nothing else here
@@ -15,6 +16,8 @@ ASSETS = os.path.dirname(os.path.abspath(__file__))
 CHECKSUMS = os.path.join(ASSETS, "SHA256SUMS")
 TINY_TARGET = os.path.join(ASSETS, "tiny", "target")  # HF directory: config, weights, BPE tokenizer
 TINY_DFLASH = os.path.join(ASSETS, "tiny", "dflash")  # DFlash drafter export for TINY_TARGET
+# the XPress refiner trained 100 steps on the frozen TINY_DFLASH drafter (heads/ of an export)
+TINY_XPRESS_HEADS = os.path.join(ASSETS, "tiny", "xpress")
 
 
 def data_root() -> str:

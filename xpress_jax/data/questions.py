@@ -12,16 +12,31 @@ from xpress_jax.errors import DataError
 BENCHMARKS = ("gsm8k", "humaneval", "mt_bench", "alpaca")
 
 
-def _first_question(record: dict, where: str) -> str:
-    """The first user turn: `turns[0]`, `question`, `prompt`, `instruction` or the first user message."""
-    if isinstance(record.get("turns"), list) and record["turns"]:
-        return record["turns"][0]
+def _first_question(record, where: str) -> str:
+    """The first user turn: `turns[0]`, `question`, `prompt`, `instruction` or the first user
+    message of `conversations` / `messages`; anything else is refused naming the file and line."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if "turns" in record:
+        turns = record["turns"]
+        if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
+            raise DataError(f"{where}: 'turns' must be a non-empty list of strings")
+        return turns[0]
     for key in ("question", "prompt", "instruction"):
-        if isinstance(record.get(key), str):
+        if key in record:
+            if not isinstance(record[key], str):
+                raise DataError(f"{where}: {key!r} must be a string, got {type(record[key]).__name__}")
             return record[key]
-    for turn in record.get("conversations", record.get("messages", [])) or []:
-        if turn.get("role", turn.get("from")) in ("user", "human"):
-            return turn.get("content", turn.get("value"))
+    turns = record.get("conversations", record.get("messages"))
+    if turns is not None:
+        if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+            raise DataError(f"{where}: 'conversations' / 'messages' must be a list of objects")
+        for turn in turns:
+            if turn.get("role", turn.get("from")) in ("user", "human"):
+                content = turn.get("content", turn.get("value"))
+                if not isinstance(content, str):
+                    raise DataError(f"{where}: the first user turn has no string 'content' / 'value'")
+                return content
     raise DataError(f"{where}: no question found (expected turns, question, prompt, instruction or conversations)")
 
 

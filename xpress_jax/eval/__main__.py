@@ -23,9 +23,10 @@ import sys
 from absl import flags
 
 from xpress_jax import cli
+from xpress_jax.config import set_on_command_line
 from xpress_jax.config_schema import check_fields
 from xpress_jax.errors import InputError
-from xpress_jax.eval.evaluate import evaluate, parse_methods
+from xpress_jax.eval.evaluate import checkpoint_decoders, evaluate, parse_methods
 from xpress_jax.eval.report import markdown
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.methods import SPEC_DECODERS
@@ -37,7 +38,8 @@ flags.DEFINE_list("checkpoints", None, f"One checkpoint per method: LABEL=DIR,..
                   f"({', '.join(SPEC_DECODERS)}) optionally with a .variant (xpress.frozen=DIR). Replaces "
                   "--decoders/--checkpoint.", flag_values=FLAGS)
 flags.DEFINE_list("datasets", None, "gsm8k, humaneval, mt_bench, alpaca, or paths to jsonl files.", flag_values=FLAGS)
-flags.DEFINE_list("decoders", None, f"Any of {', '.join(SPEC_DECODERS)}, all from --checkpoint.", flag_values=FLAGS)
+flags.DEFINE_list("decoders", None, f"Any of {', '.join(SPEC_DECODERS)}, all from --checkpoint (default: DFlash and "
+                  "every head the checkpoint holds; without --checkpoint, eval.decoders).", flag_values=FLAGS)
 flags.DEFINE_list("dloop_branches", None, "D-Loop's branch counts (prefixes verified together), e.g. 1,4: each "
                   "dloop method is measured at each, labelled LABEL.b4 for 4 (default eval.dloop_branches).",
                   flag_values=FLAGS)
@@ -70,7 +72,10 @@ def settings(config) -> EvalSettings:
 def main(config):
     s = settings(config)
     cli.log_to_file(os.path.join(s.out_dir, "log.txt"))
-    methods = parse_methods(FLAGS.checkpoints, s.decoders, FLAGS.checkpoint, s.dloop_branches)
+    decoders = s.decoders
+    if FLAGS.checkpoint and FLAGS.decoders is None and not set_on_command_line("eval.decoders"):
+        decoders = checkpoint_decoders(FLAGS.checkpoint)  # unless asked otherwise, what the checkpoint holds
+    methods = parse_methods(FLAGS.checkpoints, decoders, FLAGS.checkpoint, s.dloop_branches)
     report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless)
     print(markdown(report["results"]))
     print(f"results: {os.path.join(s.out_dir, 'results.json')}; plots: acceptance.png"

@@ -22,7 +22,7 @@ from xpress_jax.eval.candidates import candidate_mode_agreement
 from xpress_jax.eval.metrics import compare_to_reference, summarise
 from xpress_jax.eval.report import write_outputs
 from xpress_jax.eval.settings import EvalSettings
-from xpress_jax.methods import DECODERS, SPEC_DECODERS
+from xpress_jax.methods import DECODERS, HEAD_OF, SPEC_DECODERS
 from xpress_jax.models.build import build_drafter, build_head, build_target, describe_checkpoint, target_config
 
 log = logging.getLogger("xpress_jax.eval")
@@ -52,6 +52,13 @@ def with_branches(methods: list[Method], branches) -> list[Method]:
     if len(set(labels)) != len(labels):
         raise InputError(f"method labels repeat once D-Loop branches are added: {labels}")
     return out
+
+
+def checkpoint_decoders(checkpoint: str) -> tuple[str, ...]:
+    """The one-pass decoders a drafter directory holds: DFlash, and each head found in heads/."""
+    from xpress_jax.checkpoints.heads import head_file
+    return tuple(d for d in SPEC_DECODERS if not DECODERS[d].loop
+                 and (HEAD_OF[d] is None or os.path.isfile(head_file(checkpoint, HEAD_OF[d]))))
 
 
 def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, branches=(1,)) -> list[Method]:

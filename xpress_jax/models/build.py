@@ -12,10 +12,10 @@ import os
 import ml_collections
 from flax import nnx
 
-from xpress_jax.config import dtype
+from xpress_jax.config import MASK_FROM_TOKENIZER, dtype, set_on_command_line
 from xpress_jax.errors import CheckpointError, ConfigError
 from xpress_jax.methods import HEAD_OF, HEADS, head_kwargs
-from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
+from xpress_jax.models.drafter import QWEN3_MASK_TOKEN_ID, DFlashDrafter, DrafterConfig
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,59 @@ def target_config(config: ml_collections.ConfigDict) -> Qwen3Config:
                                source="config.target.arch")
 
 
+def checkpoint_values(config: ml_collections.ConfigDict, section: str, saved: dict, source: str) -> dict:
+    """The config section's fields with the values a checkpoint records for itself (`saved`): the
+    checkpoint's win, and a value the command line set to something else is an error."""
+    values = dict(config[section])
+    for key, value in saved.items():
+        if key not in values:
+            continue
+        mine = tuple(values[key]) if isinstance(values[key], (tuple, list)) else values[key]
+        theirs = tuple(value) if isinstance(value, (tuple, list)) else value
+        if mine != theirs and set_on_command_line(f"{section}.{key}"):
+            raise ConfigError(f"--config.{section}.{key}={values[key]!r} but {source} has {key}={value!r}; drop the "
+                              "override to use the checkpoint's, or train a new one")
+        values[key] = value
+    return values
+
+
 def drafter_config(config: ml_collections.ConfigDict, target: Qwen3Config | None = None) -> DrafterConfig:
+    """The drafter's shape: the `drafter` section (target layers by DFlash's spacing rule unless
+    listed), or, when training starts from a checkpoint (`train.init_from`), that checkpoint's own."""
     target = target or target_config(config)
-    d = config.drafter
-    return DrafterConfig.from_target(target, num_layers=d.num_layers, target_layer_ids=tuple(d.target_layer_ids) or None,
-                                     block_size=d.block_size, mask_token_id=d.mask_token_id)
+    d = dict(config.drafter)
+    init_from = config.get("train", {}).get("init_from", "")
+    if init_from and os.path.isfile(os.path.join(init_from, "config.json")):
+        with open(os.path.join(init_from, "config.json")) as f:
+            saved = DrafterConfig.from_hf(json.load(f), source=os.path.join(init_from, "config.json"))
+        d = checkpoint_values(config, "drafter", {"num_layers": saved.num_hidden_layers,
+                                                  "target_layer_ids": saved.target_layer_ids,
+                                                  "block_size": saved.block_size,
+                                                  "mask_token_id": saved.mask_token_id},
+                              os.path.join(init_from, "config.json"))
+    mask = d["mask_token_id"] if d["mask_token_id"] != MASK_FROM_TOKENIZER else mask_token(config, target)
+    return DrafterConfig.from_target(target, num_layers=d["num_layers"],
+                                     target_layer_ids=tuple(d["target_layer_ids"]) or None,
+                                     block_size=d["block_size"], mask_token_id=mask)
+
+
+def mask_token(config, target: Qwen3Config) -> int:
+    """The drafter's mask token for this target: its tokenizer's `<|mask|>` when it has one, else
+    the first id after the tokenizer's own (151669 for Qwen3, as DFlash uses); without a
+    tokenizer (a random target), Qwen3's."""
+    directory = config.data.tokenizer_dir or config.target.hf_dir
+    if directory and os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+        from xpress_jax.data.chat import load_tokenizer
+        tok = load_tokenizer(directory)
+        mask = tok.convert_tokens_to_ids("<|mask|>")
+        mask, source = (mask, f"<|mask|> of {directory}") if mask is not None and mask != tok.unk_token_id \
+            else (len(tok), f"the first id after {directory}'s tokenizer")
+    else:
+        mask, source = QWEN3_MASK_TOKEN_ID, "Qwen3's mask token"
+    if not 0 <= mask < target.vocab_size:
+        raise ConfigError(f"drafter.mask_token_id: {source} is {mask}, outside the target's vocabulary of "
+                          f"{target.vocab_size}; set --config.drafter.mask_token_id")
+    return mask
 
 
 # ---- dtypes ----
@@ -70,12 +118,23 @@ def new_drafter(config, dcfg: DrafterConfig) -> DFlashDrafter:
     return DFlashDrafter(dcfg, rngs=nnx.Rngs(config.seed + 1), **trainable_dtypes(config))
 
 
-def new_head(name: str, config, dcfg: DrafterConfig) -> nnx.Module:
-    """A freshly initialised head `name` (a key of methods.HEADS) sized by the config."""
+def new_head(name: str, config, dcfg: DrafterConfig, sizes: dict | None = None) -> nnx.Module:
+    """A freshly initialised head `name` (a key of methods.HEADS) sized by the config's `heads`
+    section, or by `sizes` (that section with a checkpoint's values)."""
     if name not in HEADS:
         raise ConfigError(f"unknown head {name!r}; choose from {', '.join(HEADS)}")
-    return HEADS[name].module(rngs=nnx.Rngs(config.seed + 2), **head_kwargs(name, config.heads, dcfg),
+    section = ml_collections.ConfigDict(sizes) if sizes is not None else config.heads
+    return HEADS[name].module(rngs=nnx.Rngs(config.seed + 2), **head_kwargs(name, section, dcfg),
                               **trainable_dtypes(config))
+
+
+def head_sizes(config, checkpoint: str, name: str) -> dict:
+    """The `heads` section with the sizes the checkpoint's heads/NAME.config.json records."""
+    path = os.path.join(checkpoint, "heads", f"{name}.config.json")
+    if not os.path.isfile(path):
+        return dict(config.heads)
+    with open(path) as f:
+        return checkpoint_values(config, "heads", json.load(f), path)
 
 
 def build_drafter(config, target: Qwen3, checkpoint: str = "") -> DFlashDrafter:
@@ -100,21 +159,25 @@ def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str
         return None
     if checkpoint:
         from xpress_jax.checkpoints.heads import load_head
-        return load_head(nnx.eval_shape(lambda: new_head(name, config, drafter_cfg)), checkpoint, name)
+        sizes = head_sizes(config, checkpoint, name)
+        return load_head(nnx.eval_shape(lambda: new_head(name, config, drafter_cfg, sizes)), checkpoint, name)
     log.info("no checkpoint: freshly initialised %s head", name)
     return new_head(name, config, drafter_cfg)
 
 
 def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False):
     """The drafter and the `train.heads` being trained, randomly initialised (train.init_from
-    loads trained weights over them later); `abstract`: shapes only."""
+    loads trained weights over them later, so they take that checkpoint's shapes); `abstract`:
+    shapes only."""
     from xpress_jax.train.state import Trainable
     dcfg = drafter_config(config, target_cfg)
     unknown = [h for h in config.train.heads if h not in HEADS]
     if unknown:
         raise ConfigError(f"unknown heads {unknown} in train.heads; choose from {', '.join(HEADS)}")
+    init_from = config.train.init_from  # a head found there keeps the sizes it was trained with
+    sizes = {h: head_sizes(config, init_from, h) if init_from else None for h in config.train.heads}
     make = lambda: Trainable(new_drafter(config, dcfg),  # noqa: E731
-                             {h: new_head(h, config, dcfg) for h in config.train.heads})
+                             {h: new_head(h, config, dcfg, sizes[h]) for h in config.train.heads})
     return nnx.eval_shape(make) if abstract else make()
 
 

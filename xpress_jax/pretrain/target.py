@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from xpress_jax import atomic, sharding
 from xpress_jax.models.build import target_config, trainable_dtypes
-from xpress_jax.config import dtype
+from xpress_jax.config import MASK_FROM_TOKENIZER, dtype
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.qwen3 import Qwen3
 from xpress_jax.train import state as st
@@ -197,7 +197,7 @@ def pretrain(config, *, out_dir: str | None = None, stop_after: int | None = Non
     if len(tokenizer) != cfg.vocab_size:
         raise ConfigError(f"target.arch.vocab_size is {cfg.vocab_size} but the BPE has {len(tokenizer)} tokens "
                           f"(pretrain.vocab_size={p.vocab_size}); make them equal")
-    if tokenizer.convert_tokens_to_ids(MASK_TOKEN) != config.drafter.mask_token_id:
+    if config.drafter.mask_token_id not in (MASK_FROM_TOKENIZER, tokenizer.convert_tokens_to_ids(MASK_TOKEN)):
         raise ConfigError(f"drafter.mask_token_id is {config.drafter.mask_token_id} but the BPE's {MASK_TOKEN} is "
                           f"{tokenizer.convert_tokens_to_ids(MASK_TOKEN)}")
 
