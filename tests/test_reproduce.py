@@ -150,24 +150,6 @@ def test_official_dflash_gives_our_tokens_and_acceptance_lengths(smoke_run, monk
         assert mine.tau == pytest.approx(sum(expected) / len(expected))
 
 
-def test_the_notebook_runs_headless_on_the_checkpoints(smoke_run, tmp_path):
-    """notebooks/explore.ipynb executed by nbclient (as CI and a user's Jupyter would), with
-    pictures: every plotting cell leaves a PNG."""
-    import nbformat
-    from nbclient import NotebookClient
-    out, _ = smoke_run
-    nb = nbformat.read(os.path.join(ROOT, "notebooks", "explore.ipynb"), as_version=4)
-    os.environ["XPRESS_RUN"] = str(out)
-    try:
-        NotebookClient(nb, timeout=170, kernel_name="python3", resources={"metadata": {"path": ROOT}}).execute()
-    finally:
-        del os.environ["XPRESS_RUN"]
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "image/png" in o.get("data", {})]
-    assert len(images) == 4
-    assert any("checkpoints from " + str(out) in o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
-
-
 def test_a_stage_without_its_inputs_or_an_unknown_stage_is_refused(tmp_path):
     r = invoke("xpress_jax.reproduce", f"--config={SMOKE}", f"--out={tmp_path}", "--stages=dflash")
     assert r.returncode == 2 and "stage dflash needs ['target', 'regen'] first" in r.stderr
