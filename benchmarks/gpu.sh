@@ -6,7 +6,12 @@
 #   e2e    the tiny reproduction's trained checkpoints, when REPRO_DIR (default runs/repro) holds a
 #          finished run: the exports and target/ are about 35 MB, so they can travel with the checkout
 set -euo pipefail
-python -m pip install -q -e . 2>/dev/null || true
+# the CUDA jaxlib (a plain install would run on the CPU); offline, the jax already installed
+if ! python -m pip install -q -e ".[cuda]"; then
+  echo "gpu.sh: pip could not install .[cuda]; using the installed jax" >&2
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python -c "import jax, sys; sys.exit(0 if jax.default_backend() != 'cpu' else 'gpu.sh: jax sees no accelerator')"
 device=$(python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
 out=benchmarks/${device}
 mkdir -p "$out"

@@ -235,8 +235,18 @@ def invoke(main: Callable[[ml_collections.ConfigDict], int | None], flag_values:
         _close_log_files(refused)
 
 
+def use_compilation_cache() -> None:
+    """A persistent XLA compilation cache, so a second run of a command skips compiling what the
+    first compiled: $JAX_COMPILATION_CACHE_DIR when set, else ~/.cache/xpress_jax/xla."""
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        import jax
+        jax.config.update("jax_compilation_cache_dir",
+                          os.path.join(os.path.expanduser("~"), ".cache", "xpress_jax", "xla"))
+
+
 def run(main: Callable[[ml_collections.ConfigDict], int | None], flag_values: flags.FlagValues,
         default_config: str | None = None) -> None:
     """The entry point of `python -m xpress_jax.COMMAND`: `invoke` on sys.argv, then exit with its code."""
     flags.FLAGS.mark_as_parsed()  # absl's own flags (logging verbosity) keep their defaults
+    use_compilation_cache()
     sys.exit(invoke(main, flag_values, sys.argv, default_config))
