@@ -263,6 +263,13 @@ def evaluate_all(config, run: str) -> dict:
     return {"passes": list(out)}
 
 
+def _shown(path: str) -> str:
+    """A shipped checkpoint's directory as the repository names it (xpress_jax/assets/...), else as given."""
+    package_parent = os.path.dirname(os.path.dirname(assets.ASSETS))
+    inside = os.path.commonpath([os.path.abspath(path), package_parent]) == package_parent
+    return os.path.relpath(path, package_parent) if inside else path
+
+
 def gather(config, run: str) -> dict:
     """Everything the reproduction measured, in one JSON: stage times, target quality, eval reports,
     and the shipped stages it started from (with their weights' digests)."""
@@ -287,7 +294,8 @@ def gather(config, run: str) -> dict:
                                                            "cpu_count": os.cpu_count(), "platform": platform.platform(),
                                                            "python": platform.python_version(),
                                                            "jax": jax.__version__},
-            "shipped": {s: {"dir": d, "weights_sha256": _stage_digest(config, run, s)} for s, d in shipped(config).items()},
+            "shipped": {s: {"dir": _shown(d), "weights_sha256": _stage_digest(config, run, s)}
+                        for s, d in shipped(config).items()},
             "stage_seconds": {s: v["seconds"] for s, v in stages.items()},
             "total_seconds": round(sum(v["seconds"] for v in stages.values()), 1),
             "target": target_report, "eval": evals,
@@ -359,7 +367,9 @@ def examples_text(results: dict, max_lines: int = 8) -> str:
         answer = ex["answer"].strip().splitlines()
         shown = answer[:max_lines] + ([f"... ({len(answer) - max_lines} more lines)"] if len(answer) > max_lines else [])
         passes = ", ".join(f"{label} {n}" for label, n in ex["target_passes"].items())
-        blocks.append(f"[{ds}] {ex['question'].strip().splitlines()[0][:200]}\n" + "\n".join("  " + line for line in shown)
+        question = " / ".join(line.strip() for line in ex["question"].strip().splitlines() if line.strip())
+        question = question if len(question) <= 160 else question[:157] + "..."
+        blocks.append(f"[{ds}] {question}\n" + "\n".join("  " + line for line in shown)
                       + f"\n  target passes for this answer: {passes}")
     return "\n\n".join(blocks)
 
