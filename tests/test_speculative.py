@@ -1,8 +1,11 @@
 """Speculative decoding is lossless: greedy output equals target-only output token for token,
 and sampling preserves the target's distribution (chi-square)."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from spec_fixtures import BLOCK, chi_square_p, counting_models, exact_first_two, random_models, zero_logit_models
 from xpress_jax.decoding.settings import DecodeSettings
@@ -128,3 +131,27 @@ def test_bad_requests_get_clear_errors():
     other = random_models("dflash", vocab=64)
     with pytest.raises(ConfigError, match="drafter vocab_size is 64 but the target's is 48"):
         generate(SpecModels(models.target, other.drafter), PROMPTS, max_new_tokens=2)
+
+
+def test_prefill_computes_logits_for_each_prompts_last_token_only():
+    """A prefill reads one row of logits per sequence: the compiled program holds no
+    [batch, prompt, vocab] f32 array (it would not fit at Qwen3's vocabulary and 2,048-token
+    prompts), and the row equals the full forward pass's."""
+    from xpress_jax.decoding.speculative import prefill
+    from xpress_jax.models.qwen3 import Qwen3
+    from spec_fixtures import redraw, target_config
+    target = redraw(Qwen3(target_config(vocab=8192, hidden=32), rngs=nnx.Rngs(0)), 0)
+    batch, prompt_len = 2, 512
+    ids = jax.random.randint(jax.random.key(1), (batch, prompt_len), 0, 8192)
+    lengths = jnp.asarray([prompt_len, 300], jnp.int32)
+    graphdef, state = nnx.split(target)
+    step = jax.jit(lambda state, ids, lengths: prefill(nnx.merge(graphdef, state), None, ids, lengths,
+                                                       prompt_len + 16)[0].logits)
+    logits = step(state, ids, lengths)
+    assert logits.shape == (batch, 1, 8192)
+    full = target(ids).logits  # [batch, prompt, vocab]
+    for b, n in enumerate([prompt_len, 300]):
+        np.testing.assert_allclose(logits[b, 0], full[b, n - 1], rtol=1e-5, atol=1e-5)
+    memory = step.lower(state, ids, lengths).compile().memory_analysis()
+    all_rows = batch * prompt_len * 8192 * 4  # 32 MiB; the program with all rows needs 33.7 MB of temporaries
+    assert memory.temp_size_in_bytes + memory.output_size_in_bytes < all_rows / 2  # 9.1 MB: attention, cache

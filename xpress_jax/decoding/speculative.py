@@ -126,10 +126,11 @@ def _row(x, index):
 
 def prefill(target: Qwen3, drafter: DFlashDrafter | None, prompt, prompt_lens, max_len: int):
     """The prompt through the target (cache of max_len slots) and the drafter's context from its taps.
-    prompt: [batch, padded] -> (target output, ContextCache or None)."""
+    prompt: [batch, padded] -> (target output with the logits of each prompt's last token only,
+    [batch, 1, vocab], ContextCache or None)."""
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     out = target(prompt, cache=KVCache.init(target.cfg, prompt.shape[0], max_len, target.dtype),
-                 num_new=prompt_lens, tap_layers=taps)
+                 num_new=prompt_lens, tap_layers=taps, logits_at=prompt_lens - 1)
     ctx = None
     if drafter is not None:
         ctx = drafter.extend_context(ContextCache.init(drafter.cfg, prompt.shape[0], max_len, target.dtype),
@@ -178,7 +179,7 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
     # prefill: the prompt through the target; its first token; the drafter's context
     out, ctx = prefill(target, drafter, prompt, prompt_lens, opts.max_len)
     key, k_first = jax.random.split(key)
-    last_logits = _row(out.logits, prompt_lens - 1)  # [batch, vocab]
+    last_logits = out.logits[:, 0]  # [batch, vocab]
     if opts.greedy:
         first = jnp.argmax(last_logits, -1).astype(jnp.int32)
     else:

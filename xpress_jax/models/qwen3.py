@@ -203,7 +203,7 @@ class Qwen3(nnx.Module):
 
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  cache: KVCache | None = None, num_new: jax.Array | None = None,
-                 tap_layers: Sequence[int] = (), return_logits: bool = True,
+                 tap_layers: Sequence[int] = (), return_logits: bool = True, logits_at: jax.Array | None = None,
                  block_offsets: jax.Array | None = None, block_mask: jax.Array | None = None) -> Qwen3Output:
         """Runs tokens [batch, seq] through the model.
 
@@ -216,6 +216,9 @@ class Qwen3(nnx.Module):
         arange(seq) as the tokens' positions relative to cache.lengths, and `block_mask` [seq, seq]
         (query, key) replaces the causal mask among the new tokens; every token still sees the
         whole committed cache.
+
+        `logits_at` [batch]: the logits of that one position per sequence only, [batch, 1, vocab]
+        (a prefill reads one row; [batch, seq, vocab] f32 logits of a long prompt would not fit).
         """
         batch, seq = tokens.shape
         num_layers = self.cfg.num_hidden_layers
@@ -261,6 +264,8 @@ class Qwen3(nnx.Module):
         if cache is not None:
             added = jnp.full((batch,), seq, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
             new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + added)
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, None, None], axis=1)  # [batch, 1, hidden]
         return Qwen3Output(
             logits=self.logits(x) if return_logits else None,
             taps=jnp.stack([taps[i] for i in tap_layers], axis=2) if tap_layers else None,
