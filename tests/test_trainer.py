@@ -277,7 +277,8 @@ def test_init_from_a_trained_drafter_trains_only_the_heads(tmp_path):
 def test_a_frozen_drafter_is_not_differentiated(tmp_path):
     """trainable=heads: the step takes no gradient through the frozen drafter (fewer flops), and
     its update is the one a full backward pass gives: same heads, same untouched drafter."""
-    from xpress_jax.bench.train import compiled_flops, full_backward_step
+    from xpress_jax.bench.train import full_backward_step
+    from xpress_jax.train.setup import compiled_flops
     from xpress_jax.train.setup import Setup
     config = train_config(tmp_path, **{"data.max_len": "64", "train.steps": "10", "train.trainable": "heads",
                                        "train.heads": "('markov', 'xpress')"})
@@ -353,3 +354,17 @@ def test_the_train_steps_memory_per_device_falls_with_devices(tmp_path):
         temp[devices] = setup.step.lower(setup.abstract_state, setup.target_params, batch).compile() \
             .memory_analysis().temp_size_in_bytes
     assert temp[8] <= 0.6 * temp[4], temp
+
+
+def test_the_dry_run_proves_the_work_is_split_and_catches_it_when_it_is_not(tmp_path):
+    """--dry_run's FLOPs ratio (per-device FLOPs * devices / the one-device step's): about 1 when the
+    batch splits over 8 devices; a batch of 4 cannot split 8 ways, so most devices repeat the work."""
+    from xpress_jax.train.setup import dry_run
+    ratio = {}
+    for batch in (16, 4):
+        config = train_config(tmp_path, **{"mesh.shape": "(1,8,1)", "data.max_len": "128",
+                                           "train.batch_size": str(batch)})
+        report = dry_run(config)
+        assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
+        ratio[batch] = report["flops_ratio"]
+    assert 0.9 <= ratio[16] <= 1.15 and ratio[4] >= 4, ratio

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xpress_jax.errors import InputError
+from xpress_jax.train.setup import compiled_flops
 from xpress_jax.timing import timed_calls
 
 
@@ -56,16 +57,6 @@ def step_throughput(config, *, steps: int) -> dict:
     return {**_timed(compiled, setup, config, steps), "flops": compiled_flops(compiled)}
 
 
-def compiled_flops(compiled) -> float | None:
-    """XLA's flop count of a compiled call (a dict, or a list of one per program in older jax;
-    None where the backend does not count)."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0] if analysis else None
-    flops = (analysis or {}).get("flops")
-    return float(flops) if flops is not None else None
-
-
 def full_backward_step(setup, config):
     """The trainer's loss and update for `config`, but with gradients taken through every
     parameter, frozen or not: the cost that leaving frozen parts out of the gradient saves."""
@@ -94,9 +85,11 @@ def frozen_drafter_step(config, *, steps: int) -> dict:
 
 
 def dry_run_memory(config_path: str) -> dict:
-    """The train CLI's --dry_run report (per-device memory of the compiled step) for a config."""
+    """The train CLI's --dry_run report for a config on 8 simulated CPU devices (per-device memory
+    and FLOPs of the compiled step, and their ratio to the one-device step's)."""
     env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-m", "xpress_jax.train", f"--config={config_path}", "--dry_run"],
+    r = subprocess.run([sys.executable, "-m", "xpress_jax.train", f"--config={config_path}", "--dry_run",
+                        "--dry_run_devices=8"],
                        capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
         raise InputError(f"--dry_run of {config_path} failed: {r.stderr.strip().splitlines()[-1:]}")

@@ -4,6 +4,8 @@ step. `train` runs it; `dry_run` compiles the step on abstract arrays and report
 
 from __future__ import annotations
 
+import copy
+import logging
 import math
 
 import jax
@@ -95,14 +97,34 @@ class Setup:
                 for k, v in local.items()}
 
 
-def dry_run(config) -> dict:
-    """Compiles the train step on abstract arrays (no weights, no data) and reports memory per device."""
+def compiled_flops(compiled) -> float | None:
+    """XLA's flop count of a compiled program, per device for a partitioned one (a dict, or a list
+    of one per program in older jax; None where the backend does not count)."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else None
+    flops = (analysis or {}).get("flops")
+    return float(flops) if flops is not None else None
+
+
+def compile_step(config):
+    """The train step compiled on abstract arrays (no weights, no data): (Setup, compiled)."""
     setup = Setup(config, abstract=True)
-    compiled = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch()).compile()
+    return setup, setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch()).compile()
+
+
+def dry_run(config) -> dict:
+    """Compiles the train step on abstract arrays and reports, per device: argument, output,
+    temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
+    step's model FLOPs (forward of the target, forward and backward of the drafter and heads,
+    the update), and `flops_ratio` = per-device FLOPs * devices / model FLOPs: 1 when the mesh
+    splits the work, up to the device count when every device repeats it."""
+    setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
     gib = lambda b: round(b / 2**30, 3)  # noqa: E731
-    report = {"devices": int(np.prod(config.mesh.shape)) if -1 not in tuple(config.mesh.shape) else jax.device_count(),
-              "mesh": dict(setup.mesh.shape), "batch_size": config.train.batch_size, "max_len": config.data.max_len,
+    devices = int(np.prod(list(setup.mesh.shape.values())))
+    report = {"backend": jax.default_backend(), "devices": devices, "mesh": dict(setup.mesh.shape),
+              "batch_size": config.train.batch_size, "max_len": config.data.max_len,
               "trainable_params": int(sum(math.prod(v.shape) for v in setup.params.values())),
               "target_params": int(sum(math.prod(v.shape) for v in setup.target_params.values()))}
     if mem is not None:
@@ -110,4 +132,16 @@ def dry_run(config) -> dict:
                       alias_gib=gib(mem.alias_size_in_bytes), temp_gib=gib(mem.temp_size_in_bytes),
                       peak_gib=gib(mem.argument_size_in_bytes + mem.output_size_in_bytes
                                    - mem.alias_size_in_bytes + mem.temp_size_in_bytes))
+    flops = compiled_flops(compiled)
+    one_device = copy.deepcopy(config)
+    with one_device.unlocked():
+        one_device.mesh.shape = (1, 1, 1)
+    quiet = logging.getLogger("xpress_jax.sharding")  # "uses 1 of N devices" is the point here
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        model_flops = compiled_flops(compile_step(one_device)[1]) if devices > 1 else flops
+    finally:
+        quiet.setLevel(level)
+    report.update(flops_per_device=flops, model_flops=model_flops,
+                  flops_ratio=round(flops * devices / model_flops, 3) if flops and model_flops else None)
     return report
