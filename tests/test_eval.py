@@ -162,7 +162,8 @@ def test_the_eval_target_of_the_8b_config_is_held_in_bf16():
 def test_an_export_is_evaluated_from_its_directory_alone(tmp_path):
     """The shipped drafter with its XPress refiner (rank 64) under configs/tiny.py, whose heads have
     rank 32 and whose drafter differs: the checkpoint's own shapes are used, and the methods
-    measured are the ones it holds (no Markov or GRU head in it, so none asked for)."""
+    measured are the ones it holds (no Markov or GRU head in it, so none asked for). The drafter
+    and head are held in bf16 (eval.drafter_dtype)."""
     import shutil
     from xpress_jax import assets
     ckpt = tmp_path / "ckpt"
@@ -171,12 +172,30 @@ def test_an_export_is_evaluated_from_its_directory_alone(tmp_path):
     out = tmp_path / "eval"
     r = invoke("xpress_jax.eval", f"--config.target.hf_dir={assets.TINY_TARGET}", f"--checkpoint={ckpt}",
                "--datasets=gsm8k", "--num_prompts=2", "--max_new_tokens=8", "--check_lossless", f"--out={out}",
-               "--config.eval.iteration_sweep=()")
+               "--config.eval.iteration_sweep=()", "--config.eval.drafter_dtype=bfloat16")
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     assert set(report["results"]["gsm8k"]) == {"target", "dflash", "xpress"}
+    # served as people serve it: the drafter and its head in bf16, named beside the speedups; still lossless
+    assert report["dtypes"] == {"target": "float32", "target_compute": "float32", "drafter_and_heads": "bfloat16"}
+    assert (out / "results.md").read_text().startswith("Target weights in float32 (compute float32); drafter and "
+                                                       "heads in bfloat16")
     assert report["results"]["gsm8k"]["xpress"]["lossless"] is True
     assert report["examples"]["gsm8k"]["answer"] and report["examples"]["gsm8k"]["target_passes"]["target"] >= 1
     r = invoke("xpress_jax.eval", f"--config.target.hf_dir={assets.TINY_TARGET}", f"--checkpoint={ckpt}",
                "--config.heads.rank=32", f"--out={tmp_path / 'e2'}")
     assert r.returncode == 2 and "--config.heads.rank=32 but" in r.stderr and "has rank=64" in r.stderr
+
+
+def test_eval_holds_the_drafter_and_heads_in_the_dtype_asked():
+    import jax
+    from flax import nnx
+    from xpress_jax import assets
+    from xpress_jax.cli import DEFAULT_CONFIG, with_overrides
+    from xpress_jax.eval.evaluate import Method, build_methods
+    config = with_overrides(DEFAULT_CONFIG, **{"target.hf_dir": assets.TINY_TARGET})
+    for name in ("bfloat16", "float32"):
+        target, models = build_methods(config, [Method("dflash", "dflash", assets.TINY_DFLASH)], name)
+        dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(models["dflash"].drafter, nnx.Param))}
+        assert dtypes == {jax.numpy.dtype(name)}
+        assert {x.dtype for x in jax.tree.leaves(nnx.state(target, nnx.Param))} == {jax.numpy.dtype("float32")}

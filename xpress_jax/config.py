@@ -90,6 +90,9 @@ def evaluation_defaults() -> dict:
     return {
         "datasets": ("gsm8k",), "decoders": ("dflash", "markov", "gru", "xpress"), "num_prompts": 80,
         "max_new_tokens": 2048, "temperature": 0.0, "batch_size": 1, "seed": 0,
+        # the drafter's and heads' weights and compute ("bfloat16" as they are served; the target
+        # keeps target_param_dtype)
+        "drafter_dtype": "float32",
         "max_iters": 4,  # XPress's Jacobi iterations per block
         "early_stop": True,  # end the Jacobi loop at the fixed point
         "top_k": 0,  # > 0: XPress candidate mode over the drafter's top-k per position

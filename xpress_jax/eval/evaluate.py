@@ -23,6 +23,7 @@ from xpress_jax.eval.metrics import compare_to_reference, summarise
 from xpress_jax.eval.report import write_outputs
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.methods import DECODERS, HEAD_OF, SPEC_DECODERS
+from xpress_jax.config import dtype
 from xpress_jax.models.build import build_drafter, build_head, build_target, describe_checkpoint, target_config
 
 log = logging.getLogger("xpress_jax.eval")
@@ -123,14 +124,17 @@ def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: i
     return tokens, stats, seconds
 
 
-def build_methods(config, methods: list[Method]):
-    """The target once, each distinct drafter checkpoint once, and each method's head."""
+def build_methods(config, methods: list[Method], drafter_dtype: str):
+    """The target once, each distinct drafter checkpoint once, and each method's head, the drafter
+    and heads held and computed in `drafter_dtype`."""
     target = build_target(config)
-    drafters = {ckpt: build_drafter(config, target, ckpt) for ckpt in dict.fromkeys(m.checkpoint for m in methods)}
+    dtypes = {"dtype": dtype(drafter_dtype), "param_dtype": dtype(drafter_dtype)}
+    drafters = {ckpt: build_drafter(config, target, ckpt, dtypes)
+                for ckpt in dict.fromkeys(m.checkpoint for m in methods)}
     models = {}
     for m in methods:
         drafter = drafters[m.checkpoint]
-        models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint))
+        models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint, dtypes))
     return target, models
 
 
@@ -187,7 +191,7 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     """Runs target-only decoding once per dataset and every method against it; writes results.json,
     results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
     target-only decoding at temperature 0 when check_lossless)."""
-    target, models = build_methods(config, methods)
+    target, models = build_methods(config, methods, s.drafter_dtype)
     os.makedirs(s.out_dir, exist_ok=True)
     questions = {ds: load_questions(ds, s.num_prompts) for ds in s.datasets}
     encoded = {ds: encode_prompts(config, questions[ds], s.max_prompt_tokens) for ds in s.datasets}
@@ -212,6 +216,9 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
         examples[ds] = example(config, questions[ds], s.max_prompt_tokens, base_tokens[0], results[ds])
     one_checkpoint = len({m.checkpoint for m in methods}) == 1
     report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "settings": s.as_dict(),
+              # what the speedups were measured with
+              "dtypes": {"target": config.target_param_dtype, "target_compute": config.dtype,
+                         "drafter_and_heads": s.drafter_dtype},
               "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,
                                     **({"branches": m.branches} if DECODERS[m.decoder].loop else {})}
                           for m in methods},

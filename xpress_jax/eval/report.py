@@ -41,10 +41,19 @@ def markdown(results: dict) -> str:
     return text
 
 
+def dtypes_line(report: dict) -> str:
+    """What the speedups were measured with: the target's weights and compute, the drafter's and heads'."""
+    d = report.get("dtypes")
+    if not d:
+        return ""
+    return (f"Target weights in {d['target']} (compute {d['target_compute']}); drafter and heads in "
+            f"{d['drafter_and_heads']}; {report.get('device', '')}.")
+
+
 def write_outputs(report: dict, out_dir: str) -> None:
     results, sweep = report["results"], report["iteration_sweep"]
     atomic.write_json(os.path.join(out_dir, "results.json"), report)
-    atomic.write_text(os.path.join(out_dir, "results.md"), markdown(results))
+    atomic.write_text(os.path.join(out_dir, "results.md"), dtypes_line(report) + "\n\n" + markdown(results))
     plots.acceptance_per_position({ds: {h: r for h, r in v.items() if h != "target"} for ds, v in results.items()},
                                   os.path.join(out_dir, "acceptance.png"))
     if sweep:

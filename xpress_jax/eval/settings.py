@@ -28,6 +28,7 @@ class EvalSettings:
     candidate_k: int
     dloop_branches: tuple[int, ...]
     verify_tokens: int
+    drafter_dtype: str  # the drafter's and heads' weights and compute (config.DTYPES)
 
     @classmethod
     def from_config(cls, section) -> "EvalSettings":

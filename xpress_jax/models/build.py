@@ -114,18 +114,18 @@ def build_target(config, *, mesh=None, abstract: bool = False) -> Qwen3:
     return nnx.eval_shape(make) if abstract else make()
 
 
-def new_drafter(config, dcfg: DrafterConfig) -> DFlashDrafter:
-    return DFlashDrafter(dcfg, rngs=nnx.Rngs(config.seed + 1), **trainable_dtypes(config))
+def new_drafter(config, dcfg: DrafterConfig, dtypes: dict | None = None) -> DFlashDrafter:
+    return DFlashDrafter(dcfg, rngs=nnx.Rngs(config.seed + 1), **(dtypes or trainable_dtypes(config)))
 
 
-def new_head(name: str, config, dcfg: DrafterConfig, sizes: dict | None = None) -> nnx.Module:
+def new_head(name: str, config, dcfg: DrafterConfig, sizes: dict | None = None, dtypes: dict | None = None) -> nnx.Module:
     """A freshly initialised head `name` (a key of methods.HEADS) sized by the config's `heads`
     section, or by `sizes` (that section with a checkpoint's values)."""
     if name not in HEADS:
         raise ConfigError(f"unknown head {name!r}; choose from {', '.join(HEADS)}")
     section = ml_collections.ConfigDict(sizes) if sizes is not None else config.heads
     return HEADS[name].module(rngs=nnx.Rngs(config.seed + 2), **head_kwargs(name, section, dcfg),
-                              **trainable_dtypes(config))
+                              **(dtypes or trainable_dtypes(config)))
 
 
 def head_sizes(config, checkpoint: str, name: str) -> dict:
@@ -137,21 +137,23 @@ def head_sizes(config, checkpoint: str, name: str) -> dict:
         return checkpoint_values(config, "heads", json.load(f), path)
 
 
-def build_drafter(config, target: Qwen3, checkpoint: str = "") -> DFlashDrafter:
-    """The drafter from a checkpoint directory (DFlash layout), or random from the config."""
+def build_drafter(config, target: Qwen3, checkpoint: str = "", dtypes: dict | None = None) -> DFlashDrafter:
+    """The drafter from a checkpoint directory (DFlash layout), or random from the config; in
+    `dtypes` (default: the trainable's, float32 master weights) when given, e.g. bf16 to serve."""
+    dtypes = dtypes or trainable_dtypes(config)
     if checkpoint:
         if not os.path.isfile(os.path.join(checkpoint, "config.json")):
             raise CheckpointError(f"{checkpoint}: no config.json (expected a DFlash drafter directory)")
         from xpress_jax.checkpoints.hf_drafter import load_drafter
-        drafter = load_drafter(checkpoint, **trainable_dtypes(config))
+        drafter = load_drafter(checkpoint, **dtypes)
     else:
         log.info("no checkpoint: random drafter (seed %d)", config.seed + 1)
-        drafter = new_drafter(config, drafter_config(config, target.cfg))
+        drafter = new_drafter(config, drafter_config(config, target.cfg), dtypes)
     drafter.cfg.check_target(target.cfg)
     return drafter
 
 
-def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str = ""):
+def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str = "", dtypes: dict | None = None):
     """The head `decoder` needs (methods.HEAD_OF), from `checkpoint/heads/NAME.safetensors`, or
     freshly initialised; None for decoders without one."""
     name = HEAD_OF[decoder]
@@ -160,9 +162,9 @@ def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str
     if checkpoint:
         from xpress_jax.checkpoints.heads import load_head
         sizes = head_sizes(config, checkpoint, name)
-        return load_head(nnx.eval_shape(lambda: new_head(name, config, drafter_cfg, sizes)), checkpoint, name)
+        return load_head(nnx.eval_shape(lambda: new_head(name, config, drafter_cfg, sizes, dtypes)), checkpoint, name)
     log.info("no checkpoint: freshly initialised %s head", name)
-    return new_head(name, config, drafter_cfg)
+    return new_head(name, config, drafter_cfg, dtypes=dtypes)
 
 
 def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False):

@@ -324,7 +324,7 @@ def table(results: dict) -> str:
     """Per temperature and dataset: every method's tau, per-prompt tau, its tau against DFlash's with
     the 95% paired-bootstrap interval over prompts, repetition (and, in brackets, that of the drafter's
     own one-pass block at the same steps), speedup, and D-Loop's kept prefixes."""
-    from xpress_jax.eval.report import ratio_cell, repetition_cell
+    from xpress_jax.eval.report import dtypes_line, ratio_cell, repetition_cell
     from xpress_jax.report.tables import markdown_table
 
     lines = []
@@ -337,7 +337,8 @@ def table(results: dict) -> str:
                 + [ratio_cell(same_budget.get(ds, {}).get(label))] * bool(same_budget)
                 + [repetition_cell(r), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
                 for ds, by_label in report["results"].items() for label, r in by_label.items()]
-        lines += [f"\n### {pass_title(name)}\n", markdown_table(header, rows).rstrip()]
+        lines += [f"\n### {pass_title(name)}\n"] + ([dtypes_line(report) + "\n"] if report.get("dtypes") else [])
+        lines += [markdown_table(header, rows).rstrip()]
         every = [(ds, label, r) for ds, by_label in report["results"].items() for label, r in by_label.items()]
         for ds, label, r in every:
             c = r.get("candidate")
