@@ -199,3 +199,31 @@ def test_eval_holds_the_drafter_and_heads_in_the_dtype_asked():
         dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(models["dflash"].drafter, nnx.Param))}
         assert dtypes == {jax.numpy.dtype(name)}
         assert {x.dtype for x in jax.tree.leaves(nnx.state(target, nnx.Param))} == {jax.numpy.dtype("float32")}
+
+
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_the_lossless_check_names_each_divergence_with_the_targets_margin(param_dtype):
+    """Greedy outputs against target-only decoding: identical outputs pass; a differing one is
+    counted, located at its first differing token, and given the target's top-1 minus top-2 logit
+    there, from a forward pass over the prompt and the agreed tokens (bf16 targets too)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from spec_fixtures import redraw, target_config
+    from xpress_jax.decoding.speculative import generate_greedy
+    from xpress_jax.eval.evaluate import lossless_check
+    from xpress_jax.models.qwen3 import Qwen3
+    dtype = jnp.dtype(param_dtype)
+    target = redraw(Qwen3(target_config(), rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype), 0)
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    base = generate_greedy(target, prompts, max_new_tokens=8).tokens
+    same = lossless_check(target, prompts, base, base)
+    assert same == {"mismatches": 0, "mismatch_rate": 0.0, "lossless": True, "first_divergences": []}
+    changed = [base[0], base[1][:5] + [(base[1][5] + 1) % 48] + base[1][6:]]
+    report = lossless_check(target, prompts, changed, base)
+    assert report["mismatches"] == 1 and report["mismatch_rate"] == 0.5 and report["lossless"] is False
+    (d,) = report["first_divergences"]
+    assert (d["prompt"], d["position"]) == (1, 5)
+    logits = target(jnp.asarray([prompts[1] + base[1][:5]])).logits[0, -1].astype(jnp.float32)
+    top = jax.lax.top_k(logits, 2)[0]
+    assert d["target_margin"] == pytest.approx(float(top[0] - top[1])) and d["target_margin"] >= 0
