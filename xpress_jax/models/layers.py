@@ -59,8 +59,18 @@ def kv_rows(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 1, 2).reshape(batch * kv_heads, seq, head_dim)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query softmax attention.
+EINSUM, DOT_PRODUCT = "einsum", "dot_product"  # attention kernels (`attend`)
+
+
+def long_pass_kernel() -> str:
+    """The kernel for long attention passes (a prefill, a training sequence): jax.nn.dot_product_attention
+    on accelerators, where it is cuDNN's or the TPU's fused attention when the shapes allow;
+    the einsum path on CPUs, whose layouts it was written for (below)."""
+    return EINSUM if jax.default_backend() == "cpu" else DOT_PRODUCT
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kernel: str = EINSUM) -> jax.Array:
+    """Grouped-query softmax attention (f32 scores and softmax).
 
     q: [batch, q_len, heads, head_dim]; k, v: [batch * kv_heads, kv_len, head_dim] (`kv_rows`, the
     caches' layout); mask: [batch, q_len, kv_len] bool, True where a query may attend. Returns
@@ -80,6 +90,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Arr
     """
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[0] // batch
+    if kernel == DOT_PRODUCT:  # the library's kernel: GQA and any mask; keys [batch, kv_len, kv_heads, head_dim]
+        k, v = (x.reshape(batch, kv_heads, -1, head_dim).swapaxes(1, 2) for x in (k, v))
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=head_dim**-0.5).astype(q.dtype)
     group = heads // kv_heads
     rows = group * q_len
     # [batch, kv_heads, group, q_len, head_dim]

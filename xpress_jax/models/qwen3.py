@@ -16,7 +16,7 @@ from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
-from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, kv_rows, param
+from xpress_jax.models.layers import EINSUM, DecoderLayer, RMSNorm, attend, kv_rows, long_pass_kernel, param
 
 
 # the residual stream's logical axes: batch split over (data, fsdp), the rest whole on each device
@@ -204,6 +204,7 @@ class Qwen3(nnx.Module):
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
                  cache: KVCache | None = None, num_new: jax.Array | None = None,
                  tap_layers: Sequence[int] = (), return_logits: bool = True, logits_at: jax.Array | None = None,
+                 attention: str | None = None,
                  block_offsets: jax.Array | None = None, block_mask: jax.Array | None = None) -> Qwen3Output:
         """Runs tokens [batch, seq] through the model.
 
@@ -216,6 +217,10 @@ class Qwen3(nnx.Module):
         arange(seq) as the tokens' positions relative to cache.lengths, and `block_mask` [seq, seq]
         (query, key) replaces the causal mask among the new tokens; every token still sees the
         whole committed cache.
+
+        `attention`: the kernel (`layers.attend`); by default the library's fused attention on
+        accelerators for a pass without a cache (training) or a prefill (`num_new`), and the
+        einsum path for decoding and verification over a partly filled cache.
 
         `logits_at` [batch]: the logits of that one position per sequence only, [batch, 1, vocab]
         (a prefill reads one row; [batch, seq, vocab] f32 logits of a long prompt would not fit).
@@ -238,6 +243,8 @@ class Qwen3(nnx.Module):
                 positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
             mask = positions[:, None, :] <= positions[:, :, None]  # [batch, seq, seq]
 
+        if attention is None:
+            attention = long_pass_kernel() if cache is None or num_new is not None else EINSUM
         x = constrain(self.embed(tokens), ACTIVATION_AXES)  # [batch, seq, hidden]
         taps = {}
         new_k, new_v = [], []
@@ -252,7 +259,7 @@ class Qwen3(nnx.Module):
                 new_v.append(v)
             else:
                 k, v = kv_rows(k), kv_rows(v)
-            x = x + layer.self_attn.output(attend(q, k, v, mask))
+            x = x + layer.self_attn.output(attend(q, k, v, mask, attention))
             x = constrain(layer.mlp_block(x), ACTIVATION_AXES)
             if i in tap_layers and i != num_layers - 1:
                 taps[i] = x
