@@ -21,17 +21,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ---- sharding: one step on several meshes equals one device ----
 
+def activation_all_gathers(hlo: str, batch: int, seq: int) -> list[str]:
+    """The all-gathers in an HLO text whose result is a float array over the whole batch and the
+    sequence (a hidden state, logits): gathering one means some device computes every sequence."""
+    import re
+    shapes = re.findall(r"= ((?:f32|bf16|f16)\[([\d,]+)\][^ ]*) all-gather\(", hlo)
+    return [full for full, dims in shapes if [int(d) for d in dims.split(",")][:2] == [batch, seq]
+            and len(dims.split(",")) >= 3]
+
+
 def test_train_step_is_the_same_on_every_mesh(tmp_path):
+    """One step from the same state and batch on every kind of mesh (data, fsdp, tensor, mixed)
+    equals one device's; and the compiled step never all-gathers activations over the batch."""
     from xpress_jax.train.setup import Setup
     rng = np.random.default_rng(0)
     batch = {"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
              "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)}
     results = {}
-    for shape in [(1, 1, 1), (8, 1, 1), (2, 4, 1), (2, 2, 2)]:
+    for shape in [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2)]:
         config = train_config(tmp_path, **{"mesh.shape": str(shape), "data.max_len": "64", "train.steps": "10"})
         setup = Setup(config, abstract=False)
-        state, metrics = setup.step(setup.init_state(), setup.target_params, setup.global_batch(batch))
+        state0, global_batch = setup.init_state(), setup.global_batch(batch)
+        hlo = setup.step.lower(state0, setup.target_params, global_batch).compile().as_text()
+        assert not activation_all_gathers(hlo, 8, 64), (shape, activation_all_gathers(hlo, 8, 64))
+        state, metrics = setup.step(state0, setup.target_params, global_batch)
         results[shape] = (float(metrics["loss"]), jax.device_get(state["params"]))
+    assert len(results) == 5
     ref_loss, ref_params = results[(1, 1, 1)]
     for shape, (loss, params) in results.items():
         assert loss == pytest.approx(ref_loss, abs=1e-5), shape

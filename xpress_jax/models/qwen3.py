@@ -191,8 +191,11 @@ class Qwen3(nnx.Module):
 
     # The drafter borrows these two (frozen): it owns no embedding and no LM head.
     def embed(self, tokens: jax.Array) -> jax.Array:
-        """tokens: [batch, seq] -> [batch, seq, hidden]."""
-        return jnp.take(self.embed_tokens[...], tokens, axis=0).astype(self.dtype)
+        """tokens: [batch, seq] -> [batch, seq, hidden]. The table is gathered over fsdp first (as
+        every weight is, at its use): looked up in an fsdp-sharded table, each device would hold a
+        hidden slice of its sequences, and XLA gathers those over the batch to reach the batch split."""
+        table = constrain(self.embed_tokens[...], ("vocab", None))  # [vocab, hidden]
+        return jnp.take(table, tokens, axis=0).astype(self.dtype)
 
     def logits(self, h: jax.Array) -> jax.Array:
         """h: [batch, seq, hidden] (already normed) -> [batch, seq, vocab] float32."""
