@@ -132,8 +132,8 @@ def test_first_step_stats_report_the_kept_prefix_and_the_one_pass_block(std):
     assert out.stats["steps"].tolist() == [1, 1, 1]
     for i, prompt in enumerate(PROMPTS):
         ids = jnp.asarray([prompt])
-        pre, ctx = prefill(target, drafter, ids, jnp.asarray([len(prompt)]), 64)
-        last = jnp.argmax(pre.logits[:, -1], -1).astype(jnp.int32)
+        first_logits, _, ctx = prefill(target, drafter, ids, jnp.asarray([len(prompt)]), 64)
+        last = jnp.argmax(first_logits[:, -1], -1).astype(jnp.int32)
         d = loop_draft(target, drafter, ctx, last, DecodeSettings())
         kept = int(d.prefix_len[0, 0])
         assert int(out.stats["prefix_kept"][i]) == kept

@@ -93,6 +93,9 @@ def evaluation_defaults() -> dict:
         # the drafter's and heads' weights and compute ("bfloat16" as they are served; the target
         # keeps target_param_dtype)
         "drafter_dtype": "float32",
+        # prompts longer than this go through the target in chunks of it (bounded prefill memory;
+        # 0: whole prompts at once)
+        "prefill_chunk": 512,
         "max_iters": 4,  # XPress's Jacobi iterations per block
         "early_stop": True,  # end the Jacobi loop at the fixed point
         "top_k": 0,  # > 0: XPress candidate mode over the drafter's top-k per position

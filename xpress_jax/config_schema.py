@@ -130,6 +130,7 @@ RULES: dict[str, Rule] = {
     "eval.num_prompts": _pos_int, "eval.max_new_tokens": _pos_int, "eval.temperature": number(0.0),
     "eval.batch_size": _pos_int, "eval.seed": _nonneg_int, "eval.max_iters": _pos_int, "eval.early_stop": boolean,
     "eval.verify_tokens": _nonneg_int, "eval.drafter_dtype": one_of(*DTYPE_NAMES),
+    "eval.prefill_chunk": integer(0),
     "eval.top_k": _nonneg_int, "eval.iteration_sweep": sequence(_pos_int, what="iteration counts >= 1"),
     "eval.out_dir": text(nonempty=True), "eval.max_prompt_tokens": _pos_int, "eval.time_split": boolean,
     "eval.candidate_k": _nonneg_int,

@@ -22,6 +22,7 @@ SERIAL, JACOBI = "serial", "jacobi"
 XPRESS_KNOBS = ("max_iters", "early_stop", "top_k")
 LOOP_KNOBS = ("branches",)
 DRAFT_KNOBS = ("verify_tokens",)  # every decoder with a drafter
+COMMON_KNOBS = ("prefill_chunk",)  # every decoder, target-only decoding too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ class DecoderSpec:
     def knobs(self) -> tuple[str, ...]:
         """The DecodeSettings fields this decoder reads; any other knob it would ignore."""
         jacobi = self.head is not None and HEADS[self.head].decode == JACOBI
-        return ((DRAFT_KNOBS if self.drafter else ()) + (XPRESS_KNOBS if jacobi else ())
+        return (COMMON_KNOBS + (DRAFT_KNOBS if self.drafter else ()) + (XPRESS_KNOBS if jacobi else ())
                 + (LOOP_KNOBS if self.loop else ()))
 
 

@@ -118,13 +118,13 @@ def step_costs(models: SpecModels, prompt: list[int], *, max_len: int, reps: int
     merged = functools.partial(jit_on_state, graphdef)
     taps = models.drafter.cfg.target_layer_ids
     ids, lengths = jnp.asarray([prompt], jnp.int32), jnp.asarray([len(prompt)], jnp.int32)
-    out, ctx = merged(lambda m, ids, lengths: prefill(m.target, m.drafter, ids, lengths, max_len))(state, ids, lengths)
+    _, cache, ctx = merged(lambda m, ids, lengths: prefill(m.target, m.drafter, ids, lengths, max_len))(state, ids, lengths)
     last = ids[:, -1]
     verify_fn = merged(lambda m, cache, last, draft: verify_block(m.target, cache, last, draft, taps).logits)
     draft_fn = merged(lambda m, ctx, last: draft_block(m.target, m.drafter, ctx, last)[0])
     block = models.drafter.cfg.block_size
     widths = sorted({w for w in (1, 2, 4, 8, block) if w <= block})
-    target_pass = {str(w): median_seconds(verify_fn, state, out.cache, last, jnp.zeros((1, w - 1), jnp.int32),
+    target_pass = {str(w): median_seconds(verify_fn, state, cache, last, jnp.zeros((1, w - 1), jnp.int32),
                                           reps=reps) for w in widths}
     draft = median_seconds(draft_fn, state, ctx, last, reps=reps)
     return {"prompt_tokens": len(prompt), "cache_slots": max_len, "target_pass_s": target_pass, "draft_s": draft,

@@ -58,8 +58,8 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
 
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     times = {"prefill_s": median_seconds(prefill_fn, state, ids, lengths, reps=reps), "fold_s": 0.0}
-    out, ctx = prefill_fn(state, ids, lengths)
-    cache, last = out.cache, ids[:, -1]
+    _, cache, ctx = prefill_fn(state, ids, lengths)
+    last = ids[:, -1]
     if spec.loop:
         times["draft_s"] = median_seconds(loop_draft_fn, state, last, ctx, reps=reps)
         drafts = loop_draft_fn(state, last, ctx)[:, :, :verified]

@@ -25,6 +25,7 @@ class DecodeSettings:
     top_k: int = _EVAL["top_k"]  # > 0: XPress candidate mode
     branches: int = _EVAL["dloop_branches"][0]  # D-Loop: prefixes regenerated and verified together
     verify_tokens: int = _EVAL["verify_tokens"]  # 0: all B-1 drafts
+    prefill_chunk: int = _EVAL["prefill_chunk"]  # longer prompts are prefilled in chunks of this many tokens
 
     def drafted(self, block: int) -> int:
         """Draft positions per step that are drafted, refined and verified: verify_tokens, or all B-1."""
@@ -48,6 +49,8 @@ class DecodeSettings:
         if not 0 <= self.verify_tokens <= block - 1:
             raise InputError(f"verify_tokens must lie in 0..{block - 1} (0: the whole block of {block - 1} "
                              f"draft tokens), got {self.verify_tokens}")
+        if self.prefill_chunk < 0:
+            raise InputError(f"prefill_chunk must be >= 0 (0: whole prompts), got {self.prefill_chunk}")
         if self.top_k < 0:
             raise InputError(f"top_k must be >= 0, got {self.top_k}")
         if DECODERS[decoder].loop and not 1 <= self.branches <= block - 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Sequence
 
 import jax
@@ -124,18 +125,41 @@ def _row(x, index):
 
 # ---- the phases of one speculative step; `decoding/profile.py` times these same functions ----
 
-def prefill(target: Qwen3, drafter: DFlashDrafter | None, prompt, prompt_lens, max_len: int):
+def prefill(target: Qwen3, drafter: DFlashDrafter | None, prompt, prompt_lens, max_len: int, chunk: int = 0):
     """The prompt through the target (cache of max_len slots) and the drafter's context from its taps.
-    prompt: [batch, padded] -> (target output with the logits of each prompt's last token only,
-    [batch, 1, vocab], ContextCache or None)."""
+    prompt: [batch, padded] -> (logits of each prompt's last token [batch, 1, vocab], the target's
+    KVCache, the drafter's ContextCache or None).
+
+    `chunk` > 0 (dividing `padded`): the prompt goes through in chunks of that many tokens in a
+    `lax.scan`, so attention scores and activations are those of one chunk, not of the whole
+    prompt. Chunk i is written at slots i*chunk.. for every sequence, where the unchunked pass
+    writes it too (prompts are right-padded), and the lengths become the prompts' at the end."""
+    batch, padded = prompt.shape
     taps = () if drafter is None else drafter.cfg.target_layer_ids
-    out = target(prompt, cache=KVCache.init(target.cfg, prompt.shape[0], max_len, target.dtype),
-                 num_new=prompt_lens, tap_layers=taps, logits_at=prompt_lens - 1)
-    ctx = None
-    if drafter is not None:
-        ctx = drafter.extend_context(ContextCache.init(drafter.cfg, prompt.shape[0], max_len, target.dtype),
-                                     out.taps, num_new=prompt_lens)
-    return out, ctx
+    cache = KVCache.init(target.cfg, batch, max_len, target.dtype)
+    ctx = None if drafter is None else ContextCache.init(drafter.cfg, batch, max_len, target.dtype)
+    if not chunk or chunk >= padded:
+        out = target(prompt, cache=cache, num_new=prompt_lens, tap_layers=taps, logits_at=prompt_lens - 1)
+        if drafter is not None:
+            ctx = drafter.extend_context(ctx, out.taps, num_new=prompt_lens)
+        return out.logits, out.cache, ctx
+
+    def one_chunk(carry, tokens_and_start):
+        cache, ctx, logits = carry
+        tokens, start = tokens_and_start  # [batch, chunk], the chunk's first slot
+        at = jnp.full((batch,), start, jnp.int32)
+        last = prompt_lens - 1 - start  # each prompt's last token, relative to this chunk
+        out = target(tokens, cache=cache.rollback(at), tap_layers=taps, logits_at=jnp.clip(last, 0, chunk - 1))
+        logits = jnp.where(((last >= 0) & (last < chunk))[:, None, None], out.logits, logits)  # [batch, 1, vocab]
+        if drafter is not None:
+            ctx = drafter.extend_context(ctx.rollback(at), out.taps)
+        return (out.cache, ctx, logits), None
+
+    chunks = prompt.reshape(batch, padded // chunk, chunk).swapaxes(0, 1)  # [n_chunks, batch, chunk]
+    starts = jnp.arange(0, padded, chunk, dtype=jnp.int32)
+    logits = jnp.zeros((batch, 1, target.cfg.vocab_size), jnp.float32)
+    (cache, ctx, logits), _ = jax.lax.scan(one_chunk, (cache, ctx, logits), (chunks, starts))
+    return logits, cache.rollback(prompt_lens), None if ctx is None else ctx.rollback(prompt_lens)
 
 
 def draft_block(target: Qwen3, drafter: DFlashDrafter, ctx, last, drafted: int | None = None):
@@ -177,9 +201,10 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
     max_new = opts.max_new_tokens
 
     # prefill: the prompt through the target; its first token; the drafter's context
-    out, ctx = prefill(target, drafter, prompt, prompt_lens, opts.max_len)
+    last_logits, tcache, ctx = prefill(target, drafter, prompt, prompt_lens, opts.max_len,
+                                       opts.settings.prefill_chunk)
     key, k_first = jax.random.split(key)
-    last_logits = out.logits[:, 0]  # [batch, vocab]
+    last_logits = last_logits[:, 0]  # [batch, vocab]
     if opts.greedy:
         first = jnp.argmax(last_logits, -1).astype(jnp.int32)
     else:
@@ -262,7 +287,7 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
                 jnp.where(active, produced, stats.per_step[rows, trace_at])))  # one slot, not the row
         return tcache, ctx, last, buf, n_out, done, key, stats
 
-    init = (out.cache, ctx, first, buf, jnp.ones((batch,), jnp.int32), done, key, stats)
+    init = (tcache, ctx, first, buf, jnp.ones((batch,), jnp.int32), done, key, stats)
     _, _, _, buf, n_out, done, _, stats = jax.lax.while_loop(lambda c: ~jnp.all(c[5]), step, init)
     stopped = jnp.any(_is_stop(jnp.where(jnp.arange(buf.shape[1]) < n_out[:, None], buf, PAD), stop_ids), 1)
     return buf, n_out, stopped, stats
@@ -299,6 +324,9 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     if temperature < 0:
         raise InputError(f"temperature must be >= 0, got {temperature}")
     ids, lengths = pad_prompts(prompts, multiple=pad_multiple)
+    chunk = settings.prefill_chunk
+    if chunk and ids.shape[1] > chunk and ids.shape[1] % chunk:  # a long prompt: whole chunks
+        ids, lengths = pad_prompts(prompts, multiple=math.lcm(pad_multiple, chunk))
     vocab = models.target.cfg.vocab_size
     if ids.max() >= vocab or ids.min() < 0:
         raise InputError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")

@@ -26,7 +26,9 @@ def ratio_cell(c: dict | None) -> str:
 def markdown(results: dict) -> str:
     """Every method of every dataset; then each method's tau against the reference's."""
     def lossless(r):
-        return {True: "yes", None: "-"}.get(r.get("lossless"), f"NO ({r.get('mismatches')}/{r['n_prompts']} prompts)")
+        if r.get("lossless") is None:
+            return "-"
+        return "yes" if r["lossless"] else f"NO ({r['mismatches']}/{r['n_prompts']} prompts)"
     rows = [[ds, label, f"{r['tau']:.3f}", f"{r['tau_per_prompt_mean']:.3f}", repetition_cell(r),
              f"{r['tokens_per_s']:.1f}", "-" if r["speedup"] is None else r["speedup"], lossless(r)]
             for ds, by_label in results.items() for label, r in by_label.items()]

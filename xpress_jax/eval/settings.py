@@ -29,6 +29,7 @@ class EvalSettings:
     dloop_branches: tuple[int, ...]
     verify_tokens: int
     drafter_dtype: str  # the drafter's and heads' weights and compute (config.DTYPES)
+    prefill_chunk: int  # longer prompts go through the target in chunks of this many tokens
 
     @classmethod
     def from_config(cls, section) -> "EvalSettings":
@@ -40,7 +41,7 @@ class EvalSettings:
     def decode(self, branches: int = 1) -> DecodeSettings:
         """The decoder knobs of these settings (D-Loop's branch count given per method)."""
         return DecodeSettings(max_iters=self.max_iters, early_stop=self.early_stop, top_k=self.top_k,
-                              branches=branches, verify_tokens=self.verify_tokens)
+                              branches=branches, verify_tokens=self.verify_tokens, prefill_chunk=self.prefill_chunk)
 
     def as_dict(self) -> dict:
         """What results.json records under `settings`."""

@@ -31,7 +31,8 @@ import os
 from absl import flags
 
 from xpress_jax import cli
-from xpress_jax.reproduce.stages import examples_text, publish, reproduce, table
+from xpress_jax.reproduce.results import examples_text, publish, table
+from xpress_jax.reproduce.stages import reproduce
 
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
 DEFAULT_CONFIG = cli.config_path("tiny_heads.py")
