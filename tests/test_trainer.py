@@ -372,15 +372,19 @@ def test_the_train_steps_memory_per_device_falls_with_devices(tmp_path):
     assert temp[8] <= 0.6 * temp[4], temp
 
 
-def test_the_dry_run_proves_the_work_is_split_and_catches_it_when_it_is_not(tmp_path):
+def test_the_dry_run_proves_the_work_is_split_and_catches_it_when_it_is_not(tmp_path, caplog):
     """--dry_run's FLOPs ratio (per-device FLOPs * devices / the one-device step's): about 1 when the
-    batch splits over 8 devices; a batch of 4 cannot split 8 ways, so most devices repeat the work."""
+    batch splits over 8 devices; a batch of 4 cannot split 8 ways, so most devices repeat the work,
+    and the run says so."""
     from xpress_jax.train.setup import dry_run
     ratio = {}
     for batch in (16, 4):
         config = train_config(tmp_path, **{"mesh.shape": "(1,8,1)", "data.max_len": "128",
                                            "train.batch_size": str(batch)})
+        caplog.clear()
         report = dry_run(config)
+        warned = "train.batch_size=4 does not split over the mesh's data x fsdp = 8 devices" in caplog.text
+        assert warned == (batch == 4)
         assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
         ratio[batch] = report["flops_ratio"]
     assert 0.9 <= ratio[16] <= 1.15 and ratio[4] >= 4, ratio

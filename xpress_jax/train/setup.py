@@ -52,6 +52,11 @@ class Setup:
     def __init__(self, config, *, abstract: bool, num_records: int | None = None):
         self.config = config
         self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
+        splits = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if config.train.batch_size % splits:  # the rules then leave the batch whole: every device repeats it
+            logging.getLogger(__name__).warning(
+                "train.batch_size=%d does not split over the mesh's data x fsdp = %d devices: each device computes "
+                "the whole batch (use a multiple of %d)", config.train.batch_size, splits, splits)
         target = build_target(config, mesh=self.mesh, abstract=abstract)
         trainable = build_trainable(config, target.cfg, abstract=abstract)
         trainable.drafter.cfg.check_target(target.cfg)
