@@ -39,9 +39,14 @@ def test_round_trip_port_to_hf_directory(tmp_path, tiny_dirs, qwen3_tokenizer_di
     assert transformers.AutoTokenizer.from_pretrained(out)("Hello")["input_ids"] == [9707]
 
 
-def test_saved_tensors_equal_the_originals(tmp_path, tiny_dirs):
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_saved_tensors_equal_the_originals(tmp_path, tiny_dirs, scan):
+    """The key map and its inverse, in either layer layout: per-layer HF tensors in, the same out."""
     src = tiny_dirs["untied_gqa2"]
-    save_qwen3(load_qwen3(src), str(tmp_path))
+    model = load_qwen3(src, scan=scan)
+    if scan:
+        assert model.layers.self_attn.q_proj.shape[0] == model.cfg.num_hidden_layers  # one stacked array
+    save_qwen3(model, str(tmp_path))
     a, b = safetensors_io.SafetensorsDir(src), safetensors_io.SafetensorsDir(str(tmp_path))
     assert sorted(a.keys()) == sorted(b.keys())
     for key in a.keys():
@@ -77,7 +82,7 @@ def test_key_map_covers_exactly_the_hf_state_dict(tied):
         hf_keys.discard("lm_head.weight")  # shared with the embedding; not saved
     rules = qwen3_rules(Qwen3Config.from_hf(hf_cfg.to_dict()))
     assert {r.hf for r in rules} == hf_keys
-    assert len({r.path for r in rules}) == len(rules)  # the inverse map is a function too
+    assert len({(r.path, r.layer) for r in rules}) == len(rules)  # the inverse map is a function too
     assert all("{i}" in r.hf or "{i}" not in r.path for r in QWEN3_RULES)
 
 

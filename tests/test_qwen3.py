@@ -11,7 +11,7 @@ import transformers
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.decoding.speculative import generate_greedy
 from xpress_jax.errors import ConfigError, InputError
-from xpress_jax.models.qwen3 import KVCache, Qwen3Config
+from xpress_jax.models.qwen3 import KVCache, Qwen3, Qwen3Config
 
 
 def hf_model(path):
@@ -22,8 +22,9 @@ def random_tokens(vocab, shape, seed=0):
     return np.random.default_rng(seed).integers(0, vocab, size=shape).astype(np.int32)
 
 
-def test_prefill_logits_and_taps_match_transformers(tiny_dir):
-    model = load_qwen3(tiny_dir)
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_prefill_logits_and_taps_match_transformers(tiny_dir, scan):
+    model = load_qwen3(tiny_dir, scan=scan)
     hf = hf_model(tiny_dir)
     tokens = random_tokens(model.cfg.vocab_size, (2, 11))
     with torch.no_grad():
@@ -163,3 +164,33 @@ def test_the_fused_attention_kernel_equals_the_einsum_path(tiny_dirs, name):
         np.testing.assert_allclose(np.asarray(x.logits[0]), np.asarray(y.logits[0]), atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.asarray(x.logits[1, :5]), np.asarray(y.logits[1, :5]), atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.asarray(x.cache.k[0]), np.asarray(y.cache.k[0]), atol=1e-5, rtol=0)
+
+
+def test_a_scanned_layer_stack_compiles_one_layer_body():
+    """Scanned (training's layout), the compiled forward pass of a 12-layer target and a 12-layer
+    drafter's training pass hold as many matmuls as 2-layer ones; unrolled, they grow with depth."""
+    import re
+
+    from flax import nnx
+
+    from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
+
+    def dots(num_layers, scan):
+        cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=num_layers,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e4)
+        target = Qwen3(cfg, rngs=nnx.Rngs(0), scan=scan)
+        dcfg = DrafterConfig.from_target(cfg, num_layers=num_layers, target_layer_ids=(0, 1), block_size=4,
+                                         mask_token_id=63)
+        drafter = DFlashDrafter(dcfg, rngs=nnx.Rngs(1), scan=scan)
+
+        def step(target, drafter):
+            out = target(jnp.ones((2, 8), jnp.int32), tap_layers=(0, 1))
+            ctx = drafter.training_context(out.taps)
+            blocks = drafter.anchored_blocks(ctx, jnp.ones((2, 2, 4, 32)), jnp.array([[1, 3], [2, 4]]))
+            return out.logits.sum() + blocks.sum()
+
+        hlo = nnx.jit(step).lower(target, drafter).compile().as_text()
+        return len(re.findall(r" dot\(| convolution\(", hlo))
+
+    assert dots(12, scan=True) == dots(2, scan=True) > 0
+    assert dots(12, scan=False) > 3 * dots(2, scan=False)

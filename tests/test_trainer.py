@@ -210,7 +210,7 @@ def test_restore_onto_a_different_mesh(tmp_path):
     restored, data_state = ckpt.restore(1, second.abstract_state)
     ckpt.close()
     assert data_state == {"next_index": 8}
-    q = "drafter.layers.0.self_attn.q_proj"
+    q = "drafter.layers.self_attn.q_proj"
     assert restored["params"][q].sharding == second.param_sharding[q] != first.param_sharding[q]
     for k, v in jax.device_get(state["params"]).items():
         np.testing.assert_array_equal(np.asarray(restored["params"][k]), v, err_msg=k)
@@ -268,7 +268,7 @@ def test_init_from_a_trained_drafter_trains_only_the_heads(tmp_path):
     common = {"train.steps": "3", "train.save_every": "1000", "train.async_checkpointing": "false"}
     first = tmp_path / "drafter"
     train(train_config(first, **common, **{"train.trainable": "drafter", "train.heads": "()"}))
-    exported = _flat(load_drafter(str(first / "export")))
+    exported = _flat(load_drafter(str(first / "export"), scan=True))  # training's layer layout
 
     second = tmp_path / "markov"
     config = train_config(second, **common, **{"train.trainable": "heads", "train.heads": "('markov',)",
@@ -388,3 +388,29 @@ def test_the_dry_run_proves_the_work_is_split_and_catches_it_when_it_is_not(tmp_
         assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
         ratio[batch] = report["flops_ratio"]
     assert 0.9 <= ratio[16] <= 1.15 and ratio[4] >= 4, ratio
+
+
+def test_layer_remat_recomputes_the_drafter_layers_and_changes_nothing_else(tmp_path):
+    """train.layer_remat: the scanned drafter layers keep less for the backward pass and recompute
+    it (more FLOPs in the compiled step), and the step's loss and updated parameters are the same."""
+    from xpress_jax.train.setup import Setup, compiled_flops
+    rng = np.random.default_rng(0)
+    batch = {"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
+             "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)}
+    flops, results = {}, {}
+    for policy in ("none", "dots", "full"):
+        # two drafter layers, so the layer scan has a body to recompute; the chunks are not
+        # recomputed here (train.remat) so that the layers' recomputation is what the FLOPs see
+        config = train_config(tmp_path, **{"data.max_len": "64", "drafter.num_layers": "2", "train.remat": "False",
+                                           "train.layer_remat": policy})
+        setup = Setup(config, abstract=False)
+        state0, global_batch = setup.init_state(), setup.global_batch(batch)
+        step = setup.step.lower(state0, setup.target_params, global_batch).compile()
+        flops[policy] = compiled_flops(step)
+        state, metrics = step(state0, setup.target_params, global_batch)
+        results[policy] = (float(metrics["loss"]), jax.device_get(state["params"]))
+    assert flops["none"] < flops["dots"] < flops["full"], flops
+    for policy in ("dots", "full"):
+        assert results[policy][0] == pytest.approx(results["none"][0], abs=1e-6)
+        for k, v in results["none"][1].items():
+            np.testing.assert_allclose(results[policy][1][k], v, atol=1e-6, err_msg=f"{policy} {k}")

@@ -66,7 +66,10 @@ def drafter_training() -> dict:
     """The `train` section's own fields (beside `run_section`'s): the DFlash recipe's anchors and
     the losses. `train.step.LossSettings` takes its defaults from here."""
     return dict(
-        epochs=6, trainable="all", heads=("xpress",), num_anchors=512, anchor_chunk=32, remat=True, distributed=False,
+        epochs=6, trainable="all", heads=("xpress",), num_anchors=512, anchor_chunk=32, distributed=False,
+        # the backward pass recomputes each anchor chunk's forward (True), and inside it what each
+        # drafter layer does not keep (`layer_remat`: none, dots = the weight matmuls' outputs, full)
+        remat=True, layer_remat="none",
         # resuming with a different batch size, lr, seed, data... breaks exact resume and is refused;
         # True accepts it deliberately (the change is recorded beside the original config.json)
         allow_config_change=False,

@@ -16,6 +16,7 @@ import ml_collections
 from xpress_jax.config import DTYPES
 from xpress_jax.errors import ConfigError
 from xpress_jax.methods import HEADS, SPEC_DECODERS
+from xpress_jax.models.layers import REMAT_POLICIES
 
 Rule = Callable[[Any], str | None]  # the value -> None if fine, else what is allowed
 
@@ -116,6 +117,7 @@ RULES: dict[str, Rule] = {
     "train.trainable": one_of("all", "drafter", "heads"),
     "train.heads": sequence(one_of(*HEAD_NAMES), unique=True, what=f"heads from {', '.join(HEAD_NAMES)}"),
     "train.num_anchors": _pos_int, "train.anchor_chunk": _pos_int, "train.remat": boolean,
+    "train.layer_remat": one_of(*REMAT_POLICIES),
     "train.distributed": boolean, "train.init_from": text(), "train.allow_config_change": boolean,
     "train.loss.gamma": number(0.0, lo_open=True), "train.loss.dflash_ce": _weight, "train.loss.tv": _weight,
     "train.loss.xpress_teacher_forced": _weight, "train.loss.xpress_anchor": _weight,

@@ -27,7 +27,9 @@ def drafter_rules(cfg: DrafterConfig) -> list[KeyRule]:
     return [r for rule in DRAFTER_RULES for r in rule.expand(cfg.num_hidden_layers)]
 
 
-def load_drafter(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None) -> DFlashDrafter:
+def load_drafter(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None,
+                 scan: bool = False) -> DFlashDrafter:
+    """A DFlash drafter directory; `scan`: the layer layout (`layers.layer_stack`)."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise CheckpointError(f"{path}: no config.json")
@@ -38,7 +40,8 @@ def load_drafter(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=
         cfg = DrafterConfig.from_hf(hf, source=config_path)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
-    abstract = nnx.eval_shape(lambda: DFlashDrafter(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype))
+    abstract = nnx.eval_shape(lambda: DFlashDrafter(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype,
+                                                    scan=scan))
     return load_into(abstract, drafter_rules(cfg), SafetensorsDir(path), mesh=mesh)
 
 

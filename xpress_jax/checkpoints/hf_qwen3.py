@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -13,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from xpress_jax import atomic, sharding
-from xpress_jax.checkpoints.keymap import KeyRule, dotted, path_tuple
+from xpress_jax.checkpoints.keymap import KeyRule, dotted, model_variable
 from xpress_jax.checkpoints.safetensors_io import CheckpointError, SafetensorsDir, write_dir
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
 
@@ -37,7 +38,7 @@ _LAYER = (
 
 def layer_rules(hf_prefix: str) -> tuple[KeyRule, ...]:
     """Decoder-layer rules under an HF prefix ('model.layers' in Qwen3, 'layers' in a DFlash drafter)."""
-    return tuple(KeyRule(f"{hf_prefix}.{{i}}.{hf}", f"layers.{{i}}.{path}", in_dims) for hf, path, in_dims in _LAYER)
+    return tuple(KeyRule(f"{hf_prefix}.{{i}}.{hf}", f"layers.{path}", in_dims) for hf, path, in_dims in _LAYER)
 
 
 QWEN3_RULES: tuple[KeyRule, ...] = (
@@ -59,9 +60,9 @@ def qwen3_rules(cfg: Qwen3Config) -> list[KeyRule]:
     return rules
 
 
-def abstract_qwen3(cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=jnp.float32) -> Qwen3:
+def abstract_qwen3(cfg: Qwen3Config, *, dtype=jnp.float32, param_dtype=jnp.float32, scan: bool = False) -> Qwen3:
     """The model's structure with ShapeDtypeStructs for values: nothing allocated."""
-    return nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype))
+    return nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype, scan=scan))
 
 
 def load_into(abstract: nnx.Module, rules: list[KeyRule], weights: SafetensorsDir, *, mesh=None,
@@ -81,36 +82,52 @@ def load_into(abstract: nnx.Module, rules: list[KeyRule], weights: SafetensorsDi
     missing = sorted(k for k in by_key if k not in set(weights.keys()))
     if missing:
         raise CheckpointError(f"{weights.directory}: missing keys {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    groups: dict[int, tuple] = {}  # id(variable) -> (variable, [(row or None, rule)])
     for rule in rules:
-        var = variables.get(path_tuple(rule.path))
+        var, row = model_variable(variables, rule)
         if var is None:
-            raise KeyError(f"key map names model path {rule.path!r}, which the model lacks")
-        model_shape = tuple(var.shape)
-        where = f"{weights.file_of(rule.hf)}: {rule.hf!r}"
-        if weights.shape(rule.hf) != rule.hf_shape(model_shape):
-            raise CheckpointError(f"{where} has shape {weights.shape(rule.hf)}, "
-                                  f"the model expects {rule.hf_shape(model_shape)}")
-        if not weights.dtype_name(rule.hf).startswith(("F", "BF")):
-            raise CheckpointError(f"{where} has dtype {weights.dtype_name(rule.hf)}, expected a float dtype")
-        x = rule.to_model(weights.get(rule.hf), model_shape)  # a view of the mapped file
-        target_dtype = var.dtype
-        place = sharding.named_sharding(var.get_metadata().get("axes", ()), model_shape, mesh, sharding_rules)
-        var.set_value(jax.make_array_from_callback(
-            model_shape, place, lambda idx, x=x, dt=target_dtype: np.asarray(x[idx], dtype=dt)))
+            raise KeyError(f"key map names model path {rule.path!r} (layer {rule.layer}), which the model lacks")
+        groups.setdefault(id(var), (var, []))[1].append((row, rule))
+    for var, rows in groups.values():
+        stacked = rows[0][0] is not None
+        layer_shape = tuple(var.shape[1:] if stacked else var.shape)  # what one HF tensor maps to
+        sources = []  # the HF tensors in the model's layout, by row of a stack (one if not stacked)
+        for _, rule in sorted(rows, key=lambda r: r[0] or 0):
+            where = f"{weights.file_of(rule.hf)}: {rule.hf!r}"
+            if weights.shape(rule.hf) != rule.hf_shape(layer_shape):
+                raise CheckpointError(f"{where} has shape {weights.shape(rule.hf)}, "
+                                      f"the model expects {rule.hf_shape(layer_shape)}")
+            if not weights.dtype_name(rule.hf).startswith(("F", "BF")):
+                raise CheckpointError(f"{where} has dtype {weights.dtype_name(rule.hf)}, expected a float dtype")
+            sources.append(rule.to_model(weights.get(rule.hf), layer_shape))  # a view of the mapped file
+        if stacked and sorted(r for r, _ in rows) != list(range(var.shape[0])):
+            raise KeyError(f"key map covers layers {sorted(r for r, _ in rows)} of a stack of {var.shape[0]}")
+        place = sharding.named_sharding(var.get_metadata().get("axes", ()), tuple(var.shape), mesh, sharding_rules)
+        var.set_value(jax.make_array_from_callback(tuple(var.shape), place, functools.partial(
+            _read_block, sources=sources, stacked=stacked, dtype=var.dtype)))
     unset = [dotted(p) for p, v in variables.items() if isinstance(v.get_value(), jax.ShapeDtypeStruct)]
     if unset:
         raise KeyError(f"model parameters not covered by the key map: {unset}")
     return nnx.merge(graphdef, state)
 
 
+def _read_block(index: tuple, *, sources: list, stacked: bool, dtype) -> np.ndarray:
+    """One device's block of a parameter, read from the mapped HF tensors: for a layer stack,
+    index[0] picks layers and the rest indexes each layer's tensor."""
+    if not stacked:
+        return np.asarray(sources[0][index], dtype=dtype)
+    layers, rest = index[0], index[1:]
+    return np.stack([np.asarray(x[rest], dtype=dtype) for x in sources[layers]])
+
+
 def load_qwen3(hf_dir: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None,
-               sharding_rules=None) -> Qwen3:
-    """Loads a local HF Qwen3 directory (single or sharded safetensors)."""
+               sharding_rules=None, scan: bool = False) -> Qwen3:
+    """Loads a local HF Qwen3 directory (single or sharded safetensors); `scan`: the layer layout."""
     cfg = Qwen3Config.from_dir(hf_dir)
     weights = SafetensorsDir(hf_dir)
     # Tied checkpoints sometimes carry a redundant lm_head copy; transformers ignores it too.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    model = load_into(abstract_qwen3(cfg, dtype=dtype, param_dtype=param_dtype), qwen3_rules(cfg),
+    model = load_into(abstract_qwen3(cfg, dtype=dtype, param_dtype=param_dtype, scan=scan), qwen3_rules(cfg),
                       weights, mesh=mesh, sharding_rules=sharding_rules, ignore=ignore)
     log.info("loaded Qwen3 (%d layers, hidden %d) from %s", cfg.num_hidden_layers, cfg.hidden_size, hf_dir)
     return model
@@ -127,15 +144,17 @@ def save_from(module: nnx.Module, rules: list[KeyRule], out_dir: str, *, dtype=N
               max_shard_bytes: int = 5 * 2**30) -> list[str]:
     """Writes the module's parameters under their HF names, one shard in host memory at a time."""
     variables = dict(nnx.to_flat_state(nnx.state(module, nnx.Param)))
-    by_key = {r.hf: variables[path_tuple(r.path)] for r in rules}
-    out_dtype = lambda v: np.dtype(dtype or v.dtype)  # noqa: E731
-    sizes = [(k, math.prod(v.shape) * out_dtype(v).itemsize) for k, v in by_key.items()]
+    by_key = {r.hf: (r,) + model_variable(variables, r) for r in rules}  # hf -> (rule, variable, row)
+    out_dtype = lambda var: np.dtype(dtype or var.dtype)  # noqa: E731
+    sizes = [(k, math.prod(var.shape[1:] if row is not None else var.shape) * out_dtype(var).itemsize)
+             for k, (_, var, row) in by_key.items()]
 
     def fetch(keys):
         for key in keys:
-            rule = next(r for r in rules if r.hf == key)
-            host = _to_host(by_key[key].get_value())
-            yield key, rule.to_hf(host).astype(out_dtype(by_key[key]))
+            rule, var, row = by_key[key]
+            value = var.get_value()
+            host = _to_host(value if row is None else value[row])
+            yield key, rule.to_hf(host).astype(out_dtype(var))
 
     return write_dir(out_dir, sizes, fetch, max_shard_bytes=max_shard_bytes)
 

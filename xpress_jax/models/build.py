@@ -101,21 +101,22 @@ def target_dtypes(config) -> dict:
 
 # ---- models ----
 
-def build_target(config, *, mesh=None, abstract: bool = False) -> Qwen3:
+def build_target(config, *, mesh=None, abstract: bool = False, scan: bool = False) -> Qwen3:
     """The target of a config: loaded from `target.hf_dir` (sharded over `mesh` when given), or
-    randomly initialised from `seed`; `abstract`: shapes and dtypes only, nothing allocated."""
+    randomly initialised from `seed`; `abstract`: shapes and dtypes only, nothing allocated;
+    `scan`: the layers stacked for training's scan, else unrolled for decoding."""
     kw = target_dtypes(config)
     if config.target.hf_dir and not abstract:
         from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
-        return load_qwen3(config.target.hf_dir, mesh=mesh, **kw)
+        return load_qwen3(config.target.hf_dir, mesh=mesh, scan=scan, **kw)
     if not config.target.hf_dir:
         log.info("no target.hf_dir: random target (seed %d)", config.seed)
-    make = lambda: Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), **kw)  # noqa: E731
+    make = lambda: Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), scan=scan, **kw)  # noqa: E731
     return nnx.eval_shape(make) if abstract else make()
 
 
-def new_drafter(config, dcfg: DrafterConfig, dtypes: dict | None = None) -> DFlashDrafter:
-    return DFlashDrafter(dcfg, rngs=nnx.Rngs(config.seed + 1), **(dtypes or trainable_dtypes(config)))
+def new_drafter(config, dcfg: DrafterConfig, dtypes: dict | None = None, scan: bool = False) -> DFlashDrafter:
+    return DFlashDrafter(dcfg, rngs=nnx.Rngs(config.seed + 1), scan=scan, **(dtypes or trainable_dtypes(config)))
 
 
 def new_head(name: str, config, dcfg: DrafterConfig, sizes: dict | None = None, dtypes: dict | None = None) -> nnx.Module:
@@ -170,7 +171,7 @@ def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str
 def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False):
     """The drafter and the `train.heads` being trained, randomly initialised (train.init_from
     loads trained weights over them later, so they take that checkpoint's shapes); `abstract`:
-    shapes only."""
+    shapes only. Its drafter's layers are stacked for training's scan."""
     from xpress_jax.train.state import Trainable
     dcfg = drafter_config(config, target_cfg)
     unknown = [h for h in config.train.heads if h not in HEADS]
@@ -178,7 +179,7 @@ def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False):
         raise ConfigError(f"unknown heads {unknown} in train.heads; choose from {', '.join(HEADS)}")
     init_from = config.train.init_from  # a head found there keeps the sizes it was trained with
     sizes = {h: head_sizes(config, init_from, h) if init_from else None for h in config.train.heads}
-    make = lambda: Trainable(new_drafter(config, dcfg),  # noqa: E731
+    make = lambda: Trainable(new_drafter(config, dcfg, scan=True),  # noqa: E731
                              {h: new_head(h, config, dcfg, sizes[h]) for h in config.train.heads})
     return nnx.eval_shape(make) if abstract else make()
 

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xpress_jax.errors import ConfigError
-from xpress_jax.models.layers import DecoderLayer, RMSNorm, attend, kv_rows, param
-from xpress_jax.models.qwen3 import ACTIVATION_AXES, KVCache, Qwen3Config, write_kv
+from xpress_jax.models.layers import (ACTIVATION_AXES, RMSNorm, attend, kv_rows, layer_stack, map_layers,
+                                      param, scan_layers)
+from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_kv
 from xpress_jax.sharding import constrain
 
 # the published DFlash drafters' layout (reference §3): what a config or a config.json leaves unsaid
@@ -113,20 +114,20 @@ ContextCache = KVCache
 
 
 class DFlashDrafter(nnx.Module):
-    def __init__(self, cfg: DrafterConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+    """`scan`: the layers stacked and scanned (training) or unrolled (decoding; `layers.layer_stack`)."""
+
+    def __init__(self, cfg: DrafterConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+                 scan: bool = False):
         self.cfg = cfg
         self.dtype = dtype
         n_feat = len(cfg.target_layer_ids)
         self.fc = param(rngs, (n_feat * cfg.hidden_size, cfg.hidden_size), ("features", "embed"), param_dtype)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axis_name="embed",
                                    param_dtype=param_dtype, rngs=rngs)
-        self.layers = nnx.List([
-            DecoderLayer(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
-                         heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                         eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, dtype=dtype, param_dtype=param_dtype,
-                         rngs=rngs)
-            for _ in range(cfg.num_hidden_layers)
-        ])
+        self.layers = layer_stack(cfg.num_hidden_layers, rngs, scan=scan, hidden=cfg.hidden_size,
+                                  intermediate=cfg.intermediate_size, heads=cfg.num_attention_heads,
+                                  kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
+                                  rope_theta=cfg.rope_theta, dtype=dtype, param_dtype=param_dtype)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axis_name="embed", param_dtype=param_dtype, rngs=rngs)
 
     def fuse(self, taps: jax.Array) -> jax.Array:
@@ -135,9 +136,10 @@ class DFlashDrafter(nnx.Module):
         x = taps.reshape(b, t, n * h).astype(self.dtype) @ self.fc[...].astype(self.dtype)
         return self.hidden_norm(x)
 
-    def context_kv(self, fused: jax.Array, positions: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
-        """Per layer (k, v) [batch, seq, kv_heads, head_dim] of fused context at `positions` [batch, seq]."""
-        return [layer.self_attn.keys_values(fused, positions) for layer in self.layers]
+    def context_kv(self, fused: jax.Array, positions: jax.Array):
+        """Every layer's (k, v) [batch, seq, kv_heads, head_dim] of fused context at `positions` [batch, seq]:
+        a list per layer (unrolled), or k, v with a leading layers axis (scanned)."""
+        return map_layers(self.layers, lambda layer: layer.self_attn.keys_values(fused, positions))
 
     def extend_context(self, cache: ContextCache, taps: jax.Array, num_new: jax.Array | None = None) -> ContextCache:
         """Appends the features of newly committed tokens (taps [batch, t, n, hidden]) at cache.lengths.
@@ -148,6 +150,8 @@ class DFlashDrafter(nnx.Module):
         t = taps.shape[1]
         positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)
         kv = self.context_kv(self.fuse(taps), positions)
+        if not isinstance(kv, list):
+            kv = [(kv[0][i], kv[1][i]) for i in range(kv[0].shape[0])]
         k = tuple(write_kv(c, k_new, cache.lengths) for c, (k_new, _) in zip(cache.k, kv))
         v = tuple(write_kv(c, v_new, cache.lengths) for c, (_, v_new) in zip(cache.v, kv))
         added = jnp.full_like(cache.lengths, t) if num_new is None else num_new.astype(jnp.int32)
@@ -169,48 +173,46 @@ class DFlashDrafter(nnx.Module):
         same_block = (slot[:, None] // block) == (slot[None, :] // block)  # [K*B, K*B]
         mask = jnp.concatenate([jnp.broadcast_to(ctx_visible[:, None, :], (batch, width, cache.max_len)),
                                 jnp.broadcast_to(same_block, (batch, width, width))], axis=-1)
-        x = block_embeds.astype(self.dtype)
-        for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            q = layer.self_attn.queries(h, positions)
-            k_blk, v_blk = layer.self_attn.keys_values(h, positions)
+
+        def context_then_block(q, k_blk, v_blk, carry, ctx, i):
             # [batch * kv_heads, max_len + K*B, head_dim]: the context slots, then the block's own
-            k = jnp.concatenate([cache.k[i].astype(k_blk.dtype), kv_rows(k_blk)], axis=1)
-            v = jnp.concatenate([cache.v[i].astype(v_blk.dtype), kv_rows(v_blk)], axis=1)
-            x = x + layer.self_attn.output(attend(q, k, v, mask))
-            x = layer.mlp_block(x)
+            k = jnp.concatenate([ctx[0].astype(k_blk.dtype), kv_rows(k_blk)], axis=1)
+            v = jnp.concatenate([ctx[1].astype(v_blk.dtype), kv_rows(v_blk)], axis=1)
+            return attend(q, k, v, mask), carry
+
+        x, _, _ = scan_layers(self.layers, block_embeds.astype(self.dtype), positions, context_then_block,
+                              per_layer=list(zip(cache.k, cache.v)))
         return self.norm(x)
 
-    def training_context(self, taps: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
-        """Per-layer context keys/values of a whole sequence (taps [batch, seq, n, hidden]),
-        computed once and shared by every anchored block."""
+    def training_context(self, taps: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Every layer's context keys/values of a whole sequence (taps [batch, seq, n, hidden]),
+        computed once and shared by every anchored block (as `context_kv` gives them)."""
         batch, seq = taps.shape[:2]
         positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
         return self.context_kv(constrain(self.fuse(taps), ACTIVATION_AXES), positions)
 
     def anchored_blocks(self, ctx_kv, block_embeds: jax.Array, anchors: jax.Array,
-                        anchor_valid: jax.Array | None = None) -> jax.Array:
+                        anchor_valid: jax.Array | None = None, remat: str = "none") -> jax.Array:
         """Training: many anchored blocks of each sequence in one pass (block-sparse attention).
 
         ctx_kv: from training_context; block_embeds: [batch, A, B, hidden] embeddings of
         [token at anchor, MASK, ...]; anchors: [batch, A] anchor positions p (block a sits at
         p..p+B-1). A block's queries see context keys at positions < p (strictly) and their own
         block, never another block. Returns hidden states [batch, A, B, hidden].
+        `remat`: what each layer keeps for the backward pass (`layers.REMAT_POLICIES`).
         """
         batch, n_anchors, block, hidden = block_embeds.shape
-        seq = ctx_kv[0][0].shape[1]
+        seq = ctx_kv[0][0].shape[1]  # layer 0's k [batch, seq, ...], in either layout
         ctx_visible = jnp.arange(seq, dtype=jnp.int32)[None, None, :] < anchors[:, :, None]  # [batch, A, seq]
         if anchor_valid is not None:  # padding anchors see only their own block
             ctx_visible &= anchor_valid[:, :, None]
         flat_pos = (anchors[:, :, None] + jnp.arange(block, dtype=jnp.int32)).reshape(batch, n_anchors * block)
         x = constrain(block_embeds.reshape(batch, n_anchors * block, hidden).astype(self.dtype), ACTIVATION_AXES)
-        for layer, (k_ctx, v_ctx) in zip(self.layers, ctx_kv):
-            h = layer.input_layernorm(x)
-            q = layer.self_attn.queries(h, flat_pos)
-            k_blk, v_blk = layer.self_attn.keys_values(h, flat_pos)
-            attn = _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, n_anchors)
-            x = x + layer.self_attn.output(attn)
-            x = constrain(layer.mlp_block(x), ACTIVATION_AXES)
+
+        def anchored(q, k_blk, v_blk, carry, ctx, i):
+            return _anchored_attention(q, ctx[0], ctx[1], k_blk, v_blk, ctx_visible, n_anchors), carry
+
+        x, _, _ = scan_layers(self.layers, x, flat_pos, anchored, per_layer=ctx_kv, remat=remat)
         return self.norm(x).reshape(batch, n_anchors, block, hidden)
 
     def train_blocks(self, taps: jax.Array, block_embeds: jax.Array, anchors: jax.Array,

@@ -6,9 +6,18 @@ head_dim, mlp); `xpress_jax.sharding` maps them onto a device mesh.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, Sequence
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from xpress_jax.sharding import constrain
+
+# the residual stream's logical axes: batch split over (data, fsdp), the rest whole on each device
+ACTIVATION_AXES = ("batch", None, None)  # [batch, seq, hidden]
 
 # A large negative number rather than -inf: a fully masked row then softmaxes to uniform garbage
 # instead of NaN, and such rows (padding) are never read.
@@ -164,8 +173,8 @@ class SwiGLU(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm Qwen3 block: x + attn(norm(x)), then + mlp(norm(x)).
 
-    Attention over explicit keys/values so the same layer serves the target (keys from its own
-    tokens and cache) and the drafter (keys from injected context plus the block).
+    The caller says how the queries meet keys (`attention`), so the same layer serves the target
+    (its own keys, and its cache) and the drafter (injected context keys plus the block's own).
     """
 
     def __init__(self, *, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
@@ -178,5 +187,133 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps, **norm)
         self.mlp = SwiGLU(hidden, intermediate, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def mlp_block(self, x: jax.Array) -> jax.Array:
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def __call__(self, x: jax.Array, positions: jax.Array, attention: Callable, carry: Any = None):
+        """x: [batch, seq, hidden] at positions [batch, seq] -> (x after the block, carry).
+
+        attention(q, k, v, carry) -> (attn, carry): q [batch, seq, heads, head_dim] and this
+        layer's own k, v [batch, seq, kv_heads, head_dim] give attn [batch, seq, heads, head_dim];
+        `carry` is whatever the caller threads through the layers (a KV cache written in place)."""
+        h = self.input_layernorm(x)
+        q = self.self_attn.queries(h, positions)
+        k, v = self.self_attn.keys_values(h, positions)
+        attn, carry = attention(q, k, v, carry)
+        x = x + self.self_attn.output(attn)
+        return x + self.mlp(self.post_attention_layernorm(x)), carry
+
+
+# XLA's cost analysis counts a while loop's body once, whatever its trip count: a program traced
+# inside `unrolled_loops` unrolls the training pass's layer and head-position loops, so that its
+# FLOPs are the step's (`train.setup.dry_run` counts them so, with the anchors in one chunk).
+_UNROLL_LOOPS: contextvars.ContextVar[bool] = contextvars.ContextVar("unroll_loops", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_loops() -> Iterator[None]:
+    token = _UNROLL_LOOPS.set(True)
+    try:
+        yield
+    finally:
+        _UNROLL_LOOPS.reset(token)
+
+
+def loop_unroll(length: int) -> int:
+    """lax.scan's `unroll` for a loop of `length` steps: all of them inside `unrolled_loops`, else 1."""
+    return max(length, 1) if _UNROLL_LOOPS.get() else 1
+
+
+LAYERS = "layers"  # the logical axis of a layer stack (never split: every device runs every layer)
+REMAT_POLICIES = {
+    "none": None,  # keep every activation for the backward pass
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep only each layer's input; recompute the rest
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep the weight matmuls' outputs
+}
+
+
+def layer_stack(num_layers: int, rngs: nnx.Rngs, *, scan: bool, **layer_kwargs) -> nnx.Module:
+    """`num_layers` DecoderLayers in one of two layouts, which `scan_layers` runs alike:
+
+    - scan=True: one module whose parameters carry a leading `layers` axis, run under lax.scan:
+      one compiled layer body (training: compile time and per-device memory do not grow with depth).
+    - scan=False: an nnx.List of layers, unrolled: what decoding wants, since every layer's weights
+      and KV cache are then buffers of their own (a scanned step slices them, and XLA's CPU compiler
+      copies each slice in every step: 1.9x slower target-only decoding at the tiny shapes).
+    """
+    def make(layer_rngs):
+        return DecoderLayer(rngs=layer_rngs, **layer_kwargs)
+
+    if not scan:
+        return nnx.List([make(rngs) for _ in range(num_layers)])
+    stack = nnx.split_rngs(splits=num_layers)(nnx.vmap(make, in_axes=(0,), out_axes=0))(rngs)
+    for _, var in nnx.to_flat_state(nnx.state(stack)):
+        var.set_metadata(axes=(LAYERS,) + tuple(var.get_metadata()["axes"]))
+    return stack
+
+
+def is_scanned(stack: nnx.Module) -> bool:
+    return not isinstance(stack, nnx.List)
+
+
+def map_layers(stack: nnx.Module, fn: Callable) -> Any:
+    """fn(layer) for every layer: a list for an unrolled stack, a pytree with a leading `layers`
+    axis for a scanned one (`scan_layers` takes either as `per_layer`)."""
+    if not is_scanned(stack):
+        return [fn(layer) for layer in stack]
+    graphdef, params = nnx.split(stack)
+    return jax.vmap(lambda p: fn(nnx.merge(graphdef, p)))(params)
+
+
+def _stacked(per_layer: Any) -> Any:
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer) if isinstance(per_layer, list) else per_layer
+
+
+def scan_layers(stack: nnx.Module, x: jax.Array, positions: jax.Array, attention: Callable, *,
+                carry: Any = None, per_layer: Any = None, tap_rows: Sequence[int] | None = None,
+                remat: str = "none"):
+    """Runs x [batch, seq, hidden] through a `layer_stack`: under lax.scan if it is scanned, else
+    layer by layer, with the same body.
+
+    attention(q, k, v, carry, per_layer_i, i) -> (attn, carry): as DecoderLayer's, plus this
+    layer's part of `per_layer` (e.g. the drafter's context keys: a list, or a pytree with a
+    leading layers axis) and its index. An unrolled stack may change the carry's structure from
+    layer to layer (a cache grows a tuple of per-layer buffers); a scanned one keeps it.
+    The residual stream is pinned to the batch split at every layer boundary (`constrain`).
+
+    tap_rows: per layer, the row of a tap buffer its output goes to (-1: not tapped); the buffer
+    [rows, batch, seq, hidden] is returned third (None without tap_rows).
+    remat: a REMAT_POLICIES name, for a stack that is trained. Returns (x, carry, taps).
+    """
+    n_taps = 0 if tap_rows is None else max(tap_rows) + 1
+    if not is_scanned(stack):
+        if remat != "none":
+            raise ValueError("remat applies to a scanned layer stack (layer_stack(scan=True))")
+        taps = [None] * n_taps
+        for i, layer in enumerate(stack):
+            layer_input = None if per_layer is None else (
+                per_layer[i] if isinstance(per_layer, list) else jax.tree.map(lambda a: a[i], per_layer))
+            x, carry = layer(x, positions, lambda q, k, v, c: attention(q, k, v, c, layer_input, i), carry)
+            x = constrain(x, ACTIVATION_AXES)
+            if n_taps and tap_rows[i] >= 0:
+                taps[tap_rows[i]] = x
+        return x, carry, (jnp.stack(taps) if n_taps else None)
+
+    graphdef, params = nnx.split(stack)
+    num_layers = jax.tree.leaves(params)[0].shape[0]
+    # untapped layers write a scratch row past the real ones, so every step is the same in-place write
+    rows = jnp.asarray([n_taps if r < 0 else r for r in tap_rows or [-1] * num_layers], jnp.int32)
+    taps = jnp.zeros((n_taps + 1,) + x.shape, x.dtype) if n_taps else None
+
+    def body(state, xs):
+        x, carry, taps = state
+        i, layer_params, layer_input = xs
+        layer = nnx.merge(graphdef, layer_params)
+        x, carry = layer(x, positions, lambda q, k, v, c: attention(q, k, v, c, layer_input, i), carry)
+        x = constrain(x, ACTIVATION_AXES)
+        if taps is not None:
+            taps = jax.lax.dynamic_update_index_in_dim(taps, x, rows[i], axis=0)
+        return (x, carry, taps), None
+
+    if remat != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat], prevent_cse=False)
+    xs = (jnp.arange(num_layers, dtype=jnp.int32), params, _stacked(per_layer))
+    (x, carry, taps), _ = jax.lax.scan(body, (x, carry, taps), xs, unroll=loop_unroll(num_layers))
+    return x, carry, (taps[:n_taps] if taps is not None else None)

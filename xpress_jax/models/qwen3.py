@@ -16,11 +16,10 @@ from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
-from xpress_jax.models.layers import EINSUM, DecoderLayer, RMSNorm, attend, kv_rows, long_pass_kernel, param
+from xpress_jax.models.layers import (ACTIVATION_AXES, EINSUM, RMSNorm, attend, is_scanned, kv_rows, layer_stack,
+                                      long_pass_kernel, param, scan_layers)
 
-
-# the residual stream's logical axes: batch split over (data, fsdp), the rest whole on each device
-ACTIVATION_AXES = ("batch", None, None)  # [batch, seq, hidden]
+__all__ = ["ACTIVATION_AXES", "KVCache", "Qwen3", "Qwen3Config", "Qwen3Output", "write_kv"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,19 +170,18 @@ class Qwen3Output:
 
 
 class Qwen3(nnx.Module):
-    """Qwen3ForCausalLM. `dtype` is the compute dtype, `param_dtype` the storage dtype."""
+    """Qwen3ForCausalLM. `dtype` is the compute dtype, `param_dtype` the storage dtype; `scan`: the
+    layers stacked and scanned (training) or unrolled (decoding; `layers.layer_stack`)."""
 
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32):
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
+                 scan: bool = False):
         self.cfg = cfg
         self.dtype = dtype
         self.embed_tokens = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), param_dtype)
-        self.layers = nnx.List([
-            DecoderLayer(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
-                         heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
-                         head_dim=cfg.head_dim, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-                         dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-            for _ in range(cfg.num_hidden_layers)
-        ])
+        self.layers = layer_stack(cfg.num_hidden_layers, rngs, scan=scan, hidden=cfg.hidden_size,
+                                  intermediate=cfg.intermediate_size, heads=cfg.num_attention_heads,
+                                  kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
+                                  rope_theta=cfg.rope_theta, dtype=dtype, param_dtype=param_dtype)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, axis_name="embed",
                             param_dtype=param_dtype, rngs=rngs)
         if not cfg.tie_word_embeddings:
@@ -234,6 +232,9 @@ class Qwen3(nnx.Module):
         if bad:
             raise ValueError(f"tap layer ids {bad} are outside 0..{num_layers - 1}")
         if cache is not None:
+            if is_scanned(self.layers):
+                raise ValueError("a KV cache needs the unrolled layer layout (Qwen3(..., scan=False)): "
+                                 "a scanned stack is for passes without a cache")
             if positions is not None:
                 raise ValueError("positions are implied by cache.lengths; pass one or the other")
             offsets = jnp.arange(seq, dtype=jnp.int32) if block_offsets is None else block_offsets
@@ -249,35 +250,33 @@ class Qwen3(nnx.Module):
         if attention is None:
             attention = long_pass_kernel() if cache is None or num_new is not None else EINSUM
         x = constrain(self.embed(tokens), ACTIVATION_AXES)  # [batch, seq, hidden]
-        taps = {}
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            q = layer.self_attn.queries(h, positions)
-            k, v = layer.self_attn.keys_values(h, positions)
-            if cache is not None:  # k, v: [batch * kv_heads, max_len, head_dim] after the write
-                k = write_kv(cache.k[i], k, cache.lengths)
-                v = write_kv(cache.v[i], v, cache.lengths)
-                new_k.append(k)
-                new_v.append(v)
-            else:
-                k, v = kv_rows(k), kv_rows(v)
-            x = x + layer.self_attn.output(attend(q, k, v, mask, attention))
-            x = constrain(layer.mlp_block(x), ACTIVATION_AXES)
-            if i in tap_layers and i != num_layers - 1:
-                taps[i] = x
+
+        def own_keys(q, k, v, written, _, i):  # attention over this pass's keys (and the cache's)
+            if cache is None:
+                return attend(q, kv_rows(k), kv_rows(v), mask, attention), written
+            # k, v: [batch * kv_heads, max_len, head_dim] after the write; the written buffers accumulate
+            k, v = write_kv(cache.k[i], k, cache.lengths), write_kv(cache.v[i], v, cache.lengths)
+            return attend(q, k, v, mask, attention), written + ((k, v),)
+
+        last = num_layers - 1  # its tap is read after the final norm, as HF reports it
+        inner = [i for i in tap_layers if i != last]
+        x, written, inner_taps = scan_layers(
+            self.layers, x, positions, own_keys, carry=(),
+            tap_rows=[inner.index(i) if i in inner else -1 for i in range(num_layers)] if inner else None)
         x = self.norm(x)
-        if num_layers - 1 in tap_layers:
-            taps[num_layers - 1] = x
+        taps = None
+        if tap_layers:  # [batch, seq, n_taps, hidden]
+            taps = jnp.stack([x if i == last else inner_taps[inner.index(i)] for i in tap_layers], axis=2)
 
         new_cache = None
         if cache is not None:
             added = jnp.full((batch,), seq, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
-            new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + added)
+            new_cache = KVCache(k=tuple(k for k, _ in written), v=tuple(v for _, v in written),
+                                lengths=cache.lengths + added)
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, None, None], axis=1)  # [batch, 1, hidden]
         return Qwen3Output(
             logits=self.logits(x) if return_logits else None,
-            taps=jnp.stack([taps[i] for i in tap_layers], axis=2) if tap_layers else None,
+            taps=taps,
             cache=new_cache,
         )

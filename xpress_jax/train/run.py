@@ -105,7 +105,7 @@ def initial_params(setup: Setup, config, directory: str) -> dict:
     `directory/heads/` loaded over them; the heads not found stay freshly initialised."""
     from xpress_jax.checkpoints.heads import head_file, load_head
     from xpress_jax.checkpoints.hf_drafter import load_drafter
-    drafter = load_drafter(directory, **trainable_dtypes(config))
+    drafter = load_drafter(directory, scan=True, **trainable_dtypes(config))
     if drafter.cfg != setup.drafter_cfg:
         diff = {f: (getattr(drafter.cfg, f), getattr(setup.drafter_cfg, f)) for f in vars(setup.drafter_cfg)
                 if getattr(drafter.cfg, f) != getattr(setup.drafter_cfg, f)}

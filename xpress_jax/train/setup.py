@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from xpress_jax import sharding
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.build import build_target, build_trainable
+from xpress_jax.models.layers import unrolled_loops
 from xpress_jax.train import state as st
 from xpress_jax.train.step import LossSettings, make_train_step
 
@@ -57,7 +58,7 @@ class Setup:
             logging.getLogger(__name__).warning(
                 "train.batch_size=%d does not split over the mesh's data x fsdp = %d devices: each device computes "
                 "the whole batch (use a multiple of %d)", config.train.batch_size, splits, splits)
-        target = build_target(config, mesh=self.mesh, abstract=abstract)
+        target = build_target(config, mesh=self.mesh, abstract=abstract, scan=True)
         trainable = build_trainable(config, target.cfg, abstract=abstract)
         trainable.drafter.cfg.check_target(target.cfg)
         self.drafter_cfg = trainable.drafter.cfg
@@ -123,7 +124,9 @@ def dry_run(config) -> dict:
     temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
     step's model FLOPs (forward of the target, forward and backward of the drafter and heads,
     the update), and `flops_ratio` = per-device FLOPs * devices / model FLOPs: 1 when the mesh
-    splits the work, up to the device count when every device repeats it."""
+    splits the work, up to the device count when every device repeats it. Memory comes from the
+    step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
+    chunk (the same work), since XLA counts a loop body once."""
     setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
     gib = lambda b: round(b / 2**30, 3)  # noqa: E731
@@ -137,14 +140,19 @@ def dry_run(config) -> dict:
                       alias_gib=gib(mem.alias_size_in_bytes), temp_gib=gib(mem.temp_size_in_bytes),
                       peak_gib=gib(mem.argument_size_in_bytes + mem.output_size_in_bytes
                                    - mem.alias_size_in_bytes + mem.temp_size_in_bytes))
-    flops = compiled_flops(compiled)
-    one_device = copy.deepcopy(config)
+    counted = copy.deepcopy(config)
+    with counted.unlocked():
+        counted.train.anchor_chunk = config.train.num_anchors
+    with unrolled_loops():
+        flops = compiled_flops(compile_step(counted)[1])
+    one_device = copy.deepcopy(counted)
     with one_device.unlocked():
         one_device.mesh.shape = (1, 1, 1)
     quiet = logging.getLogger("xpress_jax.sharding")  # "uses 1 of N devices" is the point here
     level, quiet.level = quiet.level, logging.ERROR
     try:
-        model_flops = compiled_flops(compile_step(one_device)[1]) if devices > 1 else flops
+        with unrolled_loops():
+            model_flops = compiled_flops(compile_step(one_device)[1]) if devices > 1 else flops
     finally:
         quiet.setLevel(level)
     report.update(flops_per_device=flops, model_flops=model_flops,

@@ -43,12 +43,13 @@ class LossSettings:
     dloop_tau_s: float = _LOSS["dloop_tau_s"]
     dflash_ce_with_xpress: bool = _LOSS["dflash_ce_with_xpress"]
     remat: bool = _TRAIN["remat"]
+    layer_remat: str = _TRAIN["layer_remat"]
 
     @classmethod
     def from_config(cls, train) -> "LossSettings":
         """From a config's `train` section."""
         return cls(num_anchors=train.num_anchors, anchor_chunk=train.anchor_chunk, remat=train.remat,
-                   **train.loss.to_dict())
+                   layer_remat=train.layer_remat, **train.loss.to_dict())
 
 
 def _chunk(x, n_chunks):
@@ -98,7 +99,7 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
         if reveal is not None:  # suffix view: the ground-truth prefix of length l is visible
             k = jnp.arange(1, block)[None, None, :]
             tokens = tokens.at[:, :, 1:].set(jnp.where(k <= reveal[:, :, None], b.labels, cfg.mask_token_id))
-        h = drafter.anchored_blocks(ctx_kv, target.embed(tokens), b.anchors, b.valid)[:, :, 1:]  # [b, C, n, H]
+        h = drafter.anchored_blocks(ctx_kv, target.embed(tokens), b.anchors, b.valid, s.layer_remat)[:, :, 1:]  # [b, C, n, H]
         c = h.shape[1]
         s_logits = target.logits(h.reshape(batch, c * n, -1)).reshape(batch, c, n, -1)  # [b, C, n, vocab]
         return h, constrain(s_logits, LOGITS_AXES)

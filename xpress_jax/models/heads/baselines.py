@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from xpress_jax.models.layers import param
+from xpress_jax.models.layers import loop_unroll, param
 
 
 def choose(l_k: jax.Array, noise_k: jax.Array | None, temperature: float) -> jax.Array:
@@ -88,7 +88,8 @@ class GRUHead(nnx.Module):
         def step(state, x):
             state = self.gru_step(state, x)
             return state, state
-        _, states = jax.lax.scan(step, self._init_state(s.shape[0]), jnp.moveaxis(e, 1, 0))
+        _, states = jax.lax.scan(step, self._init_state(s.shape[0]), jnp.moveaxis(e, 1, 0),
+                                 unroll=loop_unroll(e.shape[1]))
         return s.astype(jnp.float32) + self.step_delta(h, jnp.moveaxis(states, 0, 1))
 
     def decode_serial(self, s, h, anchor, embed, noise=None, temperature=1.0):
