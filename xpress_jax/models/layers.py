@@ -233,7 +233,8 @@ def layer_stack(num_layers: int, rngs: nnx.Rngs, *, scan: bool, **layer_kwargs) 
     """`num_layers` DecoderLayers in one of two layouts, which `scan_layers` runs alike:
 
     - scan=True: one module whose parameters carry a leading `layers` axis, run under lax.scan:
-      one compiled layer body (training: compile time and per-device memory do not grow with depth).
+      training compiles one layer body whatever the depth, and gathers one layer's fsdp-sharded
+      weights at a time.
     - scan=False: an nnx.List of layers, unrolled: what decoding wants, since every layer's weights
       and KV cache are then buffers of their own (a scanned step slices them, and XLA's CPU compiler
       copies each slice in every step: 1.9x slower target-only decoding at the tiny shapes).
