@@ -413,3 +413,21 @@ def test_layer_remat_recomputes_the_drafter_layers_and_changes_nothing_else(tmp_
     assert results["full"][0] == pytest.approx(results["none"][0], abs=1e-6)
     for k, v in results["none"][1].items():
         np.testing.assert_allclose(results["full"][1][k], v, atol=1e-6, err_msg=k)
+
+
+def test_under_tensor_parallelism_the_logits_stay_split_over_the_vocabulary(tmp_path):
+    """On a (1,1,8) tensor mesh the compiled step moves no vocabulary-sized array between devices:
+    CE, TV and the argmax reduce each device's slice of the logits, and only per-token partial
+    results ([.., devices]) and hidden states travel."""
+    import re
+    from xpress_jax.train.setup import Setup
+    vocab = 512
+    config = train_config(tmp_path, **{"mesh.shape": "(1,1,8)", "data.max_len": "64",
+                                       "target.arch.vocab_size": str(vocab), "drafter.mask_token_id": str(vocab - 1),
+                                       "train.heads": "('xpress', 'markov')"})
+    setup = Setup(config, abstract=True)
+    hlo = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch()).compile().as_text()
+    moved = re.findall(r"= \w+\[([\d,]*)\][^ ]* (all-gather|all-reduce|all-to-all|collective-permute)\(", hlo)
+    assert moved, "a tensor-parallel step exchanges something"
+    vocab_sized = [(dims, op) for dims, op in moved if str(vocab) in dims.split(",")]
+    assert not vocab_sized, vocab_sized
