@@ -19,8 +19,6 @@ from xpress_jax.sharding import constrain
 from xpress_jax.models.layers import (ACTIVATION_AXES, EINSUM, RMSNorm, attend, is_scanned, kv_rows, layer_stack,
                                       long_pass_kernel, param, scan_layers)
 
-__all__ = ["ACTIVATION_AXES", "KVCache", "Qwen3", "Qwen3Config", "Qwen3Output", "write_kv"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
