@@ -86,8 +86,11 @@ def frozen_drafter_step(config, *, steps: int) -> dict:
 
 def dry_run_memory(config_path: str) -> dict:
     """The train CLI's --dry_run report for a config on 8 simulated CPU devices (per-device memory
-    and FLOPs of the compiled step, and their ratio to the one-device step's)."""
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    and FLOPs of the compiled step, and their ratio to the one-device step's). The caller's XLA
+    flags apply, less any device count: the dry run sets its own."""
+    xla_flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count")]
+    env = {**os.environ, "XLA_FLAGS": " ".join(xla_flags), "JAX_PLATFORMS": "cpu"}
     r = subprocess.run([sys.executable, "-m", "xpress_jax.train", f"--config={config_path}", "--dry_run",
                         "--dry_run_devices=8"],
                        capture_output=True, text=True, env=env, timeout=1800)
