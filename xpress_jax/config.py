@@ -10,6 +10,7 @@ from xpress_jax.models.drafter import DFLASH_BLOCK_SIZE, DFLASH_DRAFT_LAYERS
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+LOSSLESS_REFERENCES = ("target_only", "verify_pass")  # eval.lossless_reference
 
 
 # the dotted config keys the current command line set (`--config.a.b=V`), kept by cli: where a
@@ -115,6 +116,10 @@ def evaluation_defaults() -> dict:
         # drafter still runs its whole block; its LM head, the head's causal solve and the
         # target's pass (whose cost grows with its length) cover only these. Lossless at any value.
         "verify_tokens": 0,
+        # what --check_lossless compares each method with at temperature 0: "target_only" (one
+        # token a step) or "verify_pass" (target-only decoding through the method's own loop with
+        # every draft refused: the same verification pass, row 0 read; exact in bf16 too)
+        "lossless_reference": "target_only",
     }
 
 

@@ -116,14 +116,15 @@ def _pick(x: jax.Array, branch: jax.Array) -> jax.Array:
 
 
 def verify_branches(target, cache, last: jax.Array, drafts: jax.Array, *, key: jax.Array, temperature,
-                    greedy: bool, tap_layers=()):
+                    greedy: bool, tap_layers=(), reject_drafts: bool = False):
     """One target pass over K branches [last, y_1..y_n] side by side over the shared cache, each
     attending to the committed context and its own earlier tokens at the right positions.
 
     drafts: [batch, K, n]. Returns (branch, acc, next_token, out) where `out` holds the target
     cache with the kept branch moved to where a single-block pass writes it (lengths still to be
     committed by the caller) and that branch's taps [batch, B, n_taps, hidden]: the state of having
-    verified that branch alone.
+    verified that branch alone. reject_drafts: the same pass, no draft offered to the (greedy)
+    acceptance rule; the first branch's row 0 gives the token.
     """
     batch, branches, n = drafts.shape
     block = n + 1
@@ -134,7 +135,9 @@ def verify_branches(target, cache, last: jax.Array, drafts: jax.Array, *, key: j
         tree = dict(block_offsets=offsets, block_mask=mask)
     out = target(tokens.reshape(batch, branches * block), cache=cache, tap_layers=tap_layers, **tree)
     per_branch = lambda x: x.reshape((batch, branches, block) + x.shape[2:])  # noqa: E731
-    branch, acc, nxt = branch_accept(key, drafts, per_branch(out.logits), temperature, greedy)
+    offered, logits = (drafts[:, :, :0], per_branch(out.logits)[:, :, :1]) if reject_drafts else (
+        drafts, per_branch(out.logits))
+    branch, acc, nxt = branch_accept(key, offered, logits, temperature, greedy)
     kept = out.cache if branches == 1 else out.cache.keep_branch(cache.lengths, branch, block)
     taps = None if out.taps is None else _pick(per_branch(out.taps), branch)
     return branch, acc, nxt, out.replace(cache=kept, taps=taps, logits=None)

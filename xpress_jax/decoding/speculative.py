@@ -53,6 +53,9 @@ class DecodeOptions:
     greedy: bool = True
     max_len: int = 0  # cache slots
     settings: DecodeSettings = DecodeSettings()  # Jacobi K, early stop, candidates, D-Loop branches
+    # every draft refused: each step commits the target's token from row 0 of the decoder's own
+    # verification pass, so this is target-only decoding with the verify pass's shapes (greedy)
+    reject_drafts: bool = False
 
 
 @struct.dataclass
@@ -229,7 +232,8 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
         if loop:  # D-Loop drafts its whole two-pass block (its prefix rule reads all of it); m are verified
             d = loop_draft(target, drafter, ctx, last, opts.settings, head=head)
             branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens[:, :, :m], key=k_accept,
-                                                       temperature=temperature, greedy=opts.greedy, tap_layers=taps)
+                                                       temperature=temperature, greedy=opts.greedy, tap_layers=taps,
+                                                       reject_drafts=opts.reject_drafts)
             return (_row(d.tokens, branch)[:, :m], acc, nxt, verify, d.iterations, d.one_pass[:, :m],
                     _row(d.prefix_len, branch))
         iterations = jnp.zeros((batch,), jnp.int32)
@@ -245,7 +249,9 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
             draft = one_pass = jnp.zeros((batch, 0), jnp.int32)
             draft_logits = jnp.zeros((batch, 0, target.cfg.vocab_size), jnp.float32)
         verify = verify_block(target, tcache, last, draft, taps)
-        if opts.greedy:
+        if opts.reject_drafts:  # no draft offered to the acceptance rule: row 0's argmax
+            acc, nxt = greedy_accept(draft[:, :0], verify.logits[:, :1])
+        elif opts.greedy:
             acc, nxt = greedy_accept(draft, verify.logits)
         else:
             acc, nxt = speculative_accept(k_accept, draft, draft_logits, verify.logits, temperature)
@@ -309,11 +315,15 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
 def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
              settings: DecodeSettings | None = None, max_len: int | None = None, pad_multiple: int = 1,
-             **knobs) -> Generation:
+             reject_drafts: bool = False, **knobs) -> Generation:
     """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
     temperature > 0 is speculative sampling, lossless in distribution. `settings` (or its fields as
-    keyword arguments: max_iters, early_stop, top_k, branches) are the decoder's knobs."""
+    keyword arguments: max_iters, early_stop, top_k, branches) are the decoder's knobs.
+    reject_drafts (greedy): the decoder's loop with every draft refused, i.e. target-only decoding
+    through this decoder's verification pass (the exact lossless reference, docs/evaluation.md)."""
     check_compatible(models, decoder)
+    if reject_drafts and temperature > 0:
+        raise InputError("reject_drafts is a greedy reference; it needs temperature 0")
     try:
         settings = dataclasses.replace(settings or DecodeSettings(), **knobs)
     except TypeError:
@@ -341,7 +351,7 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
                          f"and {branches} block(s) of {block} it needs {need} cache slots but the cache holds {max_len}")
     max_len = max(max_len, ids.shape[1])  # the padded prefill must fit too
     opts = DecodeOptions(decoder=decoder, max_new_tokens=max_new_tokens, greedy=temperature == 0,
-                         max_len=max_len, settings=settings)
+                         max_len=max_len, settings=settings, reject_drafts=reject_drafts)
     graphdef, state = nnx.split(models)
     buf, n_out, stopped, stats = _decode(graphdef, state, jnp.asarray(ids), jnp.asarray(lengths),
                                          jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),

@@ -109,10 +109,11 @@ def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tupl
 
 
 def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: int, desc: str,
-                branches: int = 1):
+                branches: int = 1, reject_drafts: bool = False):
     """Decodes every prompt (in batches); returns tokens, per-prompt stats and seconds (compile excluded)."""
     kw = dict(decoder=decoder, max_new_tokens=s.max_new_tokens, temperature=s.temperature, seed=s.seed,
-              settings=s.decode(branches).for_decoder(decoder), pad_multiple=pad, stop_ids=stop_ids)
+              settings=s.decode(branches).for_decoder(decoder), pad_multiple=pad, stop_ids=stop_ids,
+              reject_drafts=reject_drafts)
     generate(models, prompts[:s.batch_size], **kw)  # compile outside the timing
     tokens, rows, seconds = [], [], 0.0
     for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr):
@@ -140,11 +141,12 @@ def build_methods(config, methods: list[Method], drafter_dtype: str):
 
 
 def lossless_check(target, prompts, tokens, base_tokens) -> dict:
-    """A method's greedy outputs against target-only decoding's: how many prompts differ, their
+    """A method's greedy outputs against a target-only reference's: how many prompts differ, their
     share, and for each the first differing position with the target's logit margin there (top-1
     minus top-2, from a plain forward pass over the prompt and the agreed tokens). In float32 no
-    prompt differs; in bf16 the verify pass (a block of tokens) and target-only decoding (one
-    token a step) round differently, and a small margin says a near-tie flipped, not a bug."""
+    prompt differs; in bf16 the verify pass (a block of tokens) and one-token target-only decoding
+    round differently, and a small margin says a near-tie flipped, not a bug. Against the
+    verify-pass reference (eval.lossless_reference) the arithmetic is the same and any difference is."""
     divergences = []
     for i, (mine, theirs) in enumerate(zip(tokens, base_tokens)):
         if mine == theirs:
@@ -176,7 +178,14 @@ def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s
         r["time_split"] = component_times(spec, prompts[0], decoder=m.decoder, max_new_tokens=s.max_new_tokens,
                                           pad_multiple=pad, settings=s.decode(m.branches).for_decoder(m.decoder))
     if check_lossless and s.temperature == 0:
-        r.update(lossless_check(spec.target, prompts, tokens, base_tokens))
+        if s.lossless_reference == "verify_pass":  # this method's loop, every draft refused
+            reference, _, _ = run_decoder(spec, prompts, m.decoder, s, stop_ids, pad, f"{ds}/{m.label} reference",
+                                          m.branches, reject_drafts=True)
+            one_token = lossless_check(spec.target, prompts, tokens, base_tokens)
+            r["against_target_only"] = {k: one_token[k] for k in ("mismatches", "mismatch_rate", "first_divergences")}
+        else:
+            reference = base_tokens
+        r.update(lossless_check(spec.target, prompts, tokens, reference))
     log.info("%s / %s: tau %.3f, %.1f tokens/s, speedup %s", ds, m.label, r["tau"], r["tokens_per_s"], r["speedup"])
     if m.decoder != "xpress":
         return r, None

@@ -30,6 +30,7 @@ class EvalSettings:
     verify_tokens: int
     drafter_dtype: str  # the drafter's and heads' weights and compute (config.DTYPES)
     prefill_chunk: int  # longer prompts go through the target in chunks of this many tokens
+    lossless_reference: str  # what --check_lossless compares with (config.LOSSLESS_REFERENCES)
 
     @classmethod
     def from_config(cls, section) -> "EvalSettings":
