@@ -232,8 +232,6 @@ def test_the_lossless_check_names_each_divergence_with_the_targets_margin(param_
     assert d["target_margin"] == pytest.approx(float(top[0] - top[1])) and d["target_margin"] >= 0
 
 
-
-
 def test_the_verify_pass_reference_is_exact_in_bf16():
     """The shipped tiny target and DFlash drafter. The method's own loop with every draft refused
     (reject_drafts) commits one target token a step, read from row 0 of the same verification
