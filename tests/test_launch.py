@@ -1,14 +1,18 @@
 """The launch scripts: --dry_run prints each worker's / task's exact command (coordinator,
-process ids, environment); the local script really trains with two processes."""
+process ids, environment); the local script really trains with two processes, and resumes
+exactly after SIGKILL."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import portpicker
 
-from train_helpers import checkpoint_steps, override_args
+from train_helpers import checkpoint_steps, final_params, override_args, train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,13 +66,67 @@ def test_launch_scripts_refuse_bad_arguments():
         assert r.returncode == 2 and "usage:" in r.stderr, (script, r.stderr)
 
 
-def test_local_script_trains_with_two_processes_that_agree(tmp_path):
-    r = launch("local_multiprocess.sh", "2", *override_args(tmp_path), "--config.train.steps=3",
-               "--config.train.save_every=3", env_extra={"XPRESS_PORT": str(portpicker.pick_unused_port())},
-               timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    finals = [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+def start_two_processes(out_dir, *args):
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XPRESS_TEST_XLA_FLAGS", ""),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "XPRESS_PORT": str(portpicker.pick_unused_port())}
+    return subprocess.Popen(["bash", os.path.join(ROOT, "launch", "local_multiprocess.sh"), "2",
+                             *override_args(out_dir), *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def finish(run, timeout=900) -> str:
+    out, err = run.communicate(timeout=timeout)
+    assert run.returncode == 0, err[-3000:]
+    return out
+
+
+def test_two_processes_agree_and_resume_bitwise_after_sigkill(tmp_path):
+    """Two processes with two devices each, starting from an exported drafter (train.init_from,
+    placed on their shared mesh): a run SIGKILLed after a checkpoint and resumed ends with exactly
+    the parameters of a run never stopped. Each process reads its own shard of the data, at its
+    own position, and resumes there; tokens_per_s counts both processes' tokens."""
+    from xpress_jax.data.byte_tokenizer import pad_id, tokenizer_for
+    from xpress_jax.data.dataset import make_dataset, read_records
+    from xpress_jax.train.run import export, host_params
+    from xpress_jax.train.setup import Setup
+    config = train_config(tmp_path / "unused")
+    setup = Setup(config, abstract=False)
+    export(setup, host_params(setup.params), str(tmp_path / "init"))
+    args = ("--config.train.steps=12", "--config.train.save_every=3", f"--config.train.init_from={tmp_path / 'init'}")
+
+    straight = start_two_processes(tmp_path / "straight", *args)
+    interrupted = start_two_processes(tmp_path / "interrupted", *args)
+    deadline = time.time() + 900
+    while max(checkpoint_steps(tmp_path / "interrupted") or [0]) < 3:
+        assert interrupted.poll() is None, interrupted.stderr.read()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.1)
+    os.killpg(interrupted.pid, signal.SIGKILL)  # the launcher and both processes
+    interrupted.wait()
+    assert max(checkpoint_steps(tmp_path / "interrupted")) < 12
+    resumed = start_two_processes(tmp_path / "interrupted", *args)
+    assert "resumed at step" in resumed.communicate(timeout=900)[1] and resumed.returncode == 0
+
+    finals = [json.loads(line) for line in finish(straight).strip().splitlines() if line.startswith("{")]
     for f in finals:
         f.pop("tokens_per_s")  # each process's own clock
-    assert len(finals) == 2 and finals[0] == finals[1] and finals[0]["step"] == 3
-    assert checkpoint_steps(tmp_path)[-1] == 3
+    assert len(finals) == 2 and finals[0] == finals[1] and finals[0]["step"] == 12
+    step_a, a, positions = final_params(tmp_path / "straight", **{"train.steps": "12"})
+    step_b, b, _ = final_params(tmp_path / "interrupted", **{"train.steps": "12"})
+    assert step_a == step_b == 12
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # the two shards' positions differ (the filter drops different records), so a resume that
+    # gave every process the first one's position would read other data
+    assert len(positions) == 2 and positions[0] != positions[1], positions
+
+    # the first step's tokens: both processes' halves of the global batch
+    records = read_records(list(config.data.train_files))
+    tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, setup.drafter_cfg.vocab_size)
+    halves = [next(iter(make_dataset(records, tokenizer, max_len=config.data.max_len, seed=config.seed,
+                                     batch_size=config.train.batch_size // 2, process_index=p, process_count=2)))
+              for p in range(2)]
+    with open(tmp_path / "straight" / "log.jsonl") as f:
+        first = json.loads(f.readline())
+    assert first["step"] == 1 and first["tokens"] == sum(int(np.sum(h["ids"] != pad_id(tokenizer))) for h in halves)

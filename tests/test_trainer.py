@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train_helpers import checkpoint_steps, override_args, train_config
+from train_helpers import checkpoint_steps, final_params, override_args, train_config
 from xpress_jax.errors import CheckpointError, ConfigError, DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,16 +63,6 @@ def start_train(out_dir, *extra, env_extra=None):
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def final_params(out_dir, tmp_path):
-    from xpress_jax.train.checkpointer import Checkpointer
-    from xpress_jax.train.setup import Setup
-    setup = Setup(train_config(out_dir, **{"train.steps": "12"}), abstract=False)
-    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), save_every=1, keep=10)
-    state, _ = ckpt.restore(ckpt.latest_step(), setup.abstract_state)
-    ckpt.close()
-    return ckpt.latest_step(), jax.device_get(state["params"])
-
-
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     args = ("--config.train.steps=12", "--config.train.save_every=3")
     straight = start_train(tmp_path / "straight", *args)
@@ -90,12 +80,27 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     assert resumed.returncode == 0, err[-2000:]
     assert "resumed at step" in err
     assert straight.wait(timeout=600) == 0, straight.stderr.read()[-2000:]
-    step_a, a = final_params(str(tmp_path / "straight"), tmp_path)
-    step_b, b = final_params(str(tmp_path / "interrupted"), tmp_path)
+    step_a, a, _ = final_params(tmp_path / "straight", **{"train.steps": "12"})
+    step_b, b, _ = final_params(tmp_path / "interrupted", **{"train.steps": "12"})
     assert step_a == step_b == 12
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert os.path.isfile(tmp_path / "straight" / "export" / "model.safetensors")
+
+
+def test_a_checkpoint_from_another_number_of_processes_is_refused():
+    """Each process's data position belongs to its own shard of the data: two positions cannot
+    resume one process."""
+    from xpress_jax.train import loop
+
+    class TwoProcessCheckpoint:
+        directory = "/runs/x/checkpoints"
+
+        def restore_latest(self, abstract_state, report=None):
+            return 6, {}, [{"next_index": 7}, {"next_index": 9}]
+
+    with pytest.raises(CheckpointError, match="written by 2 processes and this run has 1"):
+        loop.resume(TwoProcessCheckpoint(), None, iter([]))
 
 
 def test_a_half_written_checkpoint_is_never_the_latest(tmp_path):
@@ -209,7 +214,7 @@ def test_restore_onto_a_different_mesh(tmp_path):
                    abstract=False)
     restored, data_state = ckpt.restore(1, second.abstract_state)
     ckpt.close()
-    assert data_state == {"next_index": 8}
+    assert data_state == [{"next_index": 8}]  # one process: one position
     q = "drafter.layers.self_attn.q_proj"
     assert restored["params"][q].sharding == second.param_sharding[q] != first.param_sharding[q]
     for k, v in jax.device_get(state["params"]).items():

@@ -25,3 +25,18 @@ def override_args(out_dir, **overrides):
 def checkpoint_steps(out_dir):
     path = os.path.join(out_dir, "checkpoints")
     return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
+
+
+def final_params(out_dir, **overrides):
+    """(step, host parameters) of the newest checkpoint in a run directory, read in this process."""
+    import jax
+    from xpress_jax.train.checkpointer import Checkpointer
+    from xpress_jax.train.setup import Setup
+    setup = Setup(train_config(out_dir, **overrides), abstract=False)
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), save_every=1, keep=10)
+    try:
+        step = ckpt.latest_step()
+        state, positions = ckpt.restore(step, setup.abstract_state)
+    finally:
+        ckpt.close()
+    return step, jax.device_get(state["params"]), positions

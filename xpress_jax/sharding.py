@@ -76,8 +76,8 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
 
 
 def named_sharding(axes, shape, mesh: Mesh | None, rules=None):
-    if mesh is None:
-        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if mesh is None:  # this process's first device: jax.devices()[0] belongs to process 0 alone
+        return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
 
 

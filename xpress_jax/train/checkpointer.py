@@ -1,4 +1,4 @@
-"""Orbax checkpoints of the train state plus the data iterator's state.
+"""Orbax checkpoints of the train state plus every process's data-iterator state.
 
 Saves are asynchronous, every `save_every` steps, keeping the last `keep`. Orbax writes each
 step into a temporary directory and renames it when complete, so a save cut off mid-write is
@@ -16,6 +16,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from xpress_jax.errors import CheckpointError
+from xpress_jax.train.distributed import gather_json
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,15 @@ class Checkpointer:
                                f"{last}")
 
     def save(self, step: int, state, data_state: dict, *, force: bool = False) -> bool:
-        """Starts saving `step` (asynchronously when configured). A failure (a full disk) is reported
-        naming the step that failed, here or, for an asynchronous save, at the next save or close."""
+        """Starts saving `step` (asynchronously when configured); every process calls it with its own
+        `data_state`. A failure (a full disk) is reported naming the step that failed, here or, for
+        an asynchronous save, at the next save or close."""
         self._finish_in_flight()
-        # The JSON item carries the parameter shapes, so a restore can check them before reading arrays.
-        meta = {"iterator": data_state, "param_shapes": {k: list(v.shape) for k, v in state["params"].items()}}
+        # Orbax writes a JSON item from process 0 only, and each process's shard of the data has its
+        # own position, so the item holds all of them, in process order. It also carries the
+        # parameter shapes, so a restore can check them before reading arrays.
+        meta = {"iterators": gather_json(data_state),
+                "param_shapes": {k: list(v.shape) for k, v in state["params"].items()}}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(meta))
         try:
             started = self.manager.save(step, args=args, force=force)
@@ -77,15 +82,20 @@ class Checkpointer:
                 f"{len(wrong)} shape mismatches {detail}, missing {missing[:5]}, unexpected {extra[:5]}")
 
     def restore(self, step: int, abstract_state):
+        """(state, every process's data-iterator state, in process order) at `step`."""
         meta = self.manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
         self._check_shapes(step, meta, abstract_state)
+        if "iterators" not in meta:  # a CheckpointError stands: the step is not moved aside as corrupt
+            raise CheckpointError(f"checkpoint {self.directory} step {step} lacks the per-process data positions "
+                                  "this version resumes from; start a new train.out_dir (train.init_from can "
+                                  "take an export)")
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
         restored = self.manager.restore(step, args=args)
         log.info("restored step %d from %s", step, self.directory)
-        return restored["state"], restored["data"]["iterator"]
+        return restored["state"], restored["data"]["iterators"]
 
     def restore_latest(self, abstract_state, report=None):
-        """(step, state, iterator state) of the newest step that restores, or None without steps.
+        """(step, state, iterator states) of the newest step that restores, or None without steps.
 
         A step that fails to read (truncated arrays, a damaged iterator state) is moved aside to
         `<directory>.corrupt/<step>` for inspection, `report` (one line) says so, and the next

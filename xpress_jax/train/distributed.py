@@ -1,4 +1,6 @@
-"""Multi-process start-up: every process checks in before `jax.distributed.initialize`.
+"""Multi-process start-up (every process checks in before `jax.distributed.initialize`), and the
+small host-side collectives the training loop needs: every process's data position, the tokens
+of all processes.
 
 When a process never arrives, JAX's coordination service aborts the others from C++ after its
 timeout, with a stack trace and no word on who is missing. So the processes first meet over a
@@ -9,11 +11,13 @@ the coordinator cannot be reached. Only then does JAX initialise.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 
 import jax
+import numpy as np
 
 from xpress_jax.errors import ConfigError
 
@@ -85,3 +89,22 @@ def maybe_initialize_distributed(config) -> None:
                                    initialization_timeout=timeout)
     elif config.train.distributed:
         jax.distributed.initialize(initialization_timeout=timeout)
+
+
+def gather_json(value) -> list:
+    """Every process's JSON-serialisable `value`, in process order: a collective, so every process
+    calls it at the same point. [value] in a single-process run."""
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    lengths = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+    padded = np.zeros(int(lengths.max()), np.uint8)  # the gather needs one shape on every process
+    padded[:data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded))  # [processes, longest]
+    return [json.loads(bytes(row[:n])) for row, n in zip(rows, lengths)]
+
+
+def process_sum(count: int) -> int:
+    """`count` summed over the processes (a collective, like gather_json)."""
+    return count if jax.process_count() == 1 else sum(gather_json(count))

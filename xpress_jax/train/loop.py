@@ -22,8 +22,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from xpress_jax.errors import XpressError
+from xpress_jax.errors import CheckpointError, XpressError
 from xpress_jax.train.checkpointer import Checkpointer
+from xpress_jax.train.distributed import process_sum
 
 log = logging.getLogger("xpress_jax.train")
 
@@ -89,8 +90,13 @@ def resume(ckpt: Checkpointer, abstract_state, batches) -> tuple[int, object] | 
     restored = ckpt.restore_latest(abstract_state, report=console)
     if restored is None:
         return None
-    step, state, data_state = restored
-    batches.set_state(data_state)
+    step, state, positions = restored
+    if len(positions) != jax.process_count():
+        raise CheckpointError(
+            f"checkpoint step {step} in {ckpt.directory} was written by {len(positions)} processes and this run has "
+            f"{jax.process_count()}: each process resumes its own shard of the data, so resume with "
+            f"{len(positions)} processes (the mesh may differ)")
+    batches.set_state(positions[jax.process_index()])
     console(f"resumed at step {step} from {ckpt.directory}")  # the user should know a run continued
     return step, state
 
@@ -101,7 +107,7 @@ def run_loop(step_fn: Callable, state, batches: Iterator[dict], *, section, tota
     """Runs `state, metrics = step_fn(state, next(batches))` from `start` until `total_steps` (or
     `stop_after` steps in this call). `batches` has get_state/set_state (what checkpoints carry);
     metrics hold at least `loss` and `finite`. `postfix` maps a metric to its name on the progress
-    bar. Returns (state, step reached, the last logged metrics with tokens_per_s)."""
+    bar. Returns (state, step reached, the last logged metrics with tokens and tokens_per_s)."""
     stop = {"signal": None}
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
     logger = MetricsLog(out_dir)
@@ -135,7 +141,8 @@ def run_loop(step_fn: Callable, state, batches: Iterator[dict], *, section, tota
             pending = metrics["finite"]
             if step % section.log_every == 0 or step == end:
                 last = to_python(metrics)
-                last["tokens_per_s"] = round(tokens / (time.perf_counter() - t0), 1)
+                last["tokens"] = process_sum(tokens)  # since the last log line, on every host
+                last["tokens_per_s"] = round(last["tokens"] / (time.perf_counter() - t0), 1)
                 tokens, t0 = 0, time.perf_counter()
                 logger.write(step, last)
                 bar.set_postfix({name: f"{last[k]:.3f}" for k, name in postfix.items() if k in last})

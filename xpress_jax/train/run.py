@@ -119,8 +119,8 @@ def initial_params(setup: Setup, config, directory: str) -> dict:
             loaded.update({f"{name}.{k}": v for k, v in st.flat_params(head).items()})
             log.info("init_from: %s head from %s", name, directory)
     params = dict(setup.params)
-    for k, v in loaded.items():
-        params[k] = jax.device_put(v.astype(params[k].dtype), setup.param_sharding[k])
+    for k, v in loaded.items():  # from host memory: each process places its own devices' blocks
+        params[k] = jax.device_put(np.asarray(v).astype(params[k].dtype), setup.param_sharding[k])
     log.info("init_from: drafter from %s", directory)
     return params
 
