@@ -93,7 +93,7 @@ def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tm
         {"id": "a", "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"}]},
         {"question": "2+2?", "answer": "4"}]) + "\n")
     args = ("xpress_jax.generate", f"--input={src}", f"--output={tmp_path / 'out'}", "--max_new_tokens=5")
-    r = run(*args)
+    r = invoke(*args)  # in this process: its 8 devices split the batch (--devices=0, all of them)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in open(tmp_path / "out" / "data.jsonl")]
     assert [row["id"] for row in rows] == ["a", "1"]
@@ -103,7 +103,7 @@ def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tm
     expect = generate_greedy(target, [prompt_ids(tok, [{"role": "user", "content": "hi"}])], max_new_tokens=5,
                              stop_ids=stops).tokens[0]
     assert rows[0]["conversations"][1]["content"] == tok.decode(expect, skip_special_tokens=True)
-    again = invoke(*args)
+    again = run(*args)  # the entry point, one device
     assert again.returncode == 0 and "2 already regenerated, 0 to go" in again.stderr
     assert len(open(tmp_path / "out" / "data.jsonl").readlines()) == 2
 

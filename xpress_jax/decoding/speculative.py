@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from xpress_jax.decoding.devices import batch_mesh, replicate, split_batch
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
@@ -189,8 +190,7 @@ def verify_block(target: Qwen3, tcache, last, draft, taps):
     return target(jnp.concatenate([last[:, None], draft], axis=1), cache=tcache, tap_layers=taps)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "opts"))
-def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, opts: DecodeOptions):
+def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, opts: DecodeOptions):
     models = nnx.merge(graphdef, state)
     target, drafter, head = models.target, models.drafter, models.head
     batch = prompt.shape[0]
@@ -299,6 +299,16 @@ def _decode(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, op
     return buf, n_out, stopped, stats
 
 
+_decode = jax.jit(_decode_loop, static_argnames=("graphdef", "opts"))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "opts", "mesh"))
+def _decode_split(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, opts: DecodeOptions, mesh):
+    """`_decode` with the batch split over `mesh`'s devices (decoding/devices.py)."""
+    decode = functools.partial(_decode_loop, graphdef, opts=opts)
+    return split_batch(mesh, decode)(state, prompt, prompt_lens, stop_ids, key, temperature)
+
+
 def check_compatible(models: SpecModels, decoder: str) -> None:
     if decoder not in DECODERS:
         raise InputError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
@@ -315,13 +325,16 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
 def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
              settings: DecodeSettings | None = None, max_len: int | None = None, pad_multiple: int = 1,
-             reject_drafts: bool = False, **knobs) -> Generation:
+             reject_drafts: bool = False, devices: int = 1, **knobs) -> Generation:
     """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
     temperature > 0 is speculative sampling, lossless in distribution. `settings` (or its fields as
     keyword arguments: max_iters, early_stop, top_k, branches) are the decoder's knobs.
     reject_drafts (greedy): the decoder's loop with every draft refused, i.e. target-only decoding
-    through this decoder's verification pass (the exact lossless reference, docs/evaluation.md)."""
+    through this decoder's verification pass (the exact lossless reference, docs/evaluation.md).
+    devices > 1 splits the batch over this process's first `devices` devices (decoding/devices.py):
+    greedy output is the same; sampling draws from a key per device."""
     check_compatible(models, decoder)
+    mesh = batch_mesh(devices)
     if reject_drafts and temperature > 0:
         raise InputError("reject_drafts is a greedy reference; it needs temperature 0")
     try:
@@ -353,13 +366,20 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     opts = DecodeOptions(decoder=decoder, max_new_tokens=max_new_tokens, greedy=temperature == 0,
                          max_len=max_len, settings=settings, reject_drafts=reject_drafts)
     graphdef, state = nnx.split(models)
-    buf, n_out, stopped, stats = _decode(graphdef, state, jnp.asarray(ids), jnp.asarray(lengths),
-                                         jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
-                                         jnp.float32(temperature if temperature > 0 else 1.0), opts)
+    args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
+            jnp.float32(temperature if temperature > 0 else 1.0))
+    if mesh is None:
+        buf, n_out, stopped, stats = _decode(graphdef, state, jnp.asarray(ids), jnp.asarray(lengths), *args, opts)
+    else:  # every device gets as many rows: the extra ones repeat prompt 0 and are dropped
+        extra = [0] * (round_up(len(prompts), mesh.size) - len(prompts))
+        ids, lengths = np.concatenate([ids, ids[extra]]), np.concatenate([lengths, lengths[extra]])
+        buf, n_out, stopped, stats = _decode_split(graphdef, replicate(state, mesh), jnp.asarray(ids),
+                                                   jnp.asarray(lengths), *args, opts, mesh)
+    rows = len(prompts)
     buf, n_out = np.asarray(buf), np.asarray(n_out)
-    return Generation(tokens=[buf[i, :n_out[i]].tolist() for i in range(len(prompts))],
-                      stopped=[bool(s) for s in np.asarray(stopped)],
-                      stats={k: np.asarray(v) for k, v in dataclasses.asdict(stats).items()})
+    return Generation(tokens=[buf[i, :n_out[i]].tolist() for i in range(rows)],
+                      stopped=[bool(s) for s in np.asarray(stopped)[:rows]],
+                      stats={k: np.asarray(v)[:rows] for k, v in dataclasses.asdict(stats).items()})
 
 
 def generate_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,

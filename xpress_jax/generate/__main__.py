@@ -22,7 +22,9 @@ from xpress_jax.generate.regenerate import regenerate
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
 flags.DEFINE_string("input", None, "Conversation jsonl (or question/answer jsonl) to regenerate.", flag_values=FLAGS)
 flags.DEFINE_string("output", None, "Output directory (data.jsonl inside; appended, resumable).", flag_values=FLAGS)
-flags.DEFINE_integer("batch_size", 8, "Prompts decoded together.", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 8, "Prompts decoded together, split over --devices.", flag_values=FLAGS)
+flags.DEFINE_integer("devices", 0, "Local devices the batch is split over (0: all of them); each decodes its "
+                     "share of the prompts with its own copy of the weights.", flag_values=FLAGS)
 flags.DEFINE_integer("max_new_tokens", 1024, "Longest reply.", flag_values=FLAGS)
 flags.DEFINE_integer("max_prompt_tokens", 2048, "Longer prompts are skipped (with a count in the log).",
                      flag_values=FLAGS)
@@ -33,7 +35,7 @@ def main(config):
         raise DataError("--input and --output are required")
     cli.log_to_file(os.path.join(FLAGS.output, "log.txt"))
     regenerate(config, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens,
-               max_prompt_tokens=FLAGS.max_prompt_tokens)
+               max_prompt_tokens=FLAGS.max_prompt_tokens, devices=FLAGS.devices)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@ import json
 import os
 import sys
 
+import jax
+from flax import nnx
 from tqdm import tqdm
 
 from xpress_jax.data.byte_tokenizer import tokenizer_for
 from xpress_jax.data.chat import normalise_messages, prompt_ids
 from xpress_jax.data.dataset import read_records
+from xpress_jax.decoding.devices import batch_mesh, replicate
 from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate
 from xpress_jax.models.build import build_target, target_config
 
@@ -23,9 +26,11 @@ def done_ids(path: str) -> set[str]:
         return {json.loads(line)["id"] for line in f if line.strip()}
 
 
-def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int, max_prompt: int) -> list:
+def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int, max_prompt: int,
+                     devices: int = 1) -> list:
     """Replaces the assistant turns of several records, turn by turn; each turn's prompts decode
-    together (one jitted call, prompt lengths bucketed to 64 so compiles are reused)."""
+    together (one jitted call split over `devices`, prompt lengths bucketed to 64 so compiles are
+    reused)."""
     turns = [normalise_messages(r) for r in records]
     outs: list[list | None] = [[] for _ in records]
     cursor = [0] * len(records)
@@ -48,7 +53,7 @@ def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int,
         if not prompts:
             break
         replies = generate(SpecModels(model), prompts, decoder="target", max_new_tokens=max_new,
-                           stop_ids=stops, pad_multiple=PROMPT_BUCKET).tokens
+                           stop_ids=stops, pad_multiple=PROMPT_BUCKET, devices=devices).tokens
         for i, reply in zip(owners, replies):
             outs[i].append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
             cursor[i] += 1
@@ -56,8 +61,11 @@ def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int,
 
 
 def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max_new_tokens: int,
-               max_prompt_tokens: int, limit: int | None = None) -> dict:
-    """Regenerates the records of input_path (the first `limit`) into OUTPUT/data.jsonl, resuming."""
+               max_prompt_tokens: int, limit: int | None = None, devices: int = 0) -> dict:
+    """Regenerates the records of input_path (the first `limit`) into OUTPUT/data.jsonl, resuming.
+    Each batch is split over `devices` local devices (0: all of them)."""
+    devices = devices or jax.local_device_count()
+    mesh = batch_mesh(devices)  # a bad count is refused before anything is read
     records = read_records([input_path])[:limit]
     for i, r in enumerate(records):
         r["id"] = str(r["id"]) if r.get("id") is not None else str(i)
@@ -68,6 +76,8 @@ def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max
     print(f"regenerate: {len(records)} records, {len(finished)} already regenerated, {len(todo)} to go",
           file=sys.stderr)
     model = build_target(config)
+    if mesh is not None:  # the weights go to every device once, not with every batch
+        nnx.update(model, replicate(nnx.state(model), mesh))
     tokenizer = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     skipped = 0
@@ -75,7 +85,7 @@ def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max
         bar = tqdm(total=len(todo), desc="regenerate", dynamic_ncols=True)
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
-            for new in regenerate_batch(model, tokenizer, chunk, stops, max_new_tokens, max_prompt_tokens):
+            for new in regenerate_batch(model, tokenizer, chunk, stops, max_new_tokens, max_prompt_tokens, devices):
                 if new is None:
                     skipped += 1
                 else:
