@@ -3,6 +3,7 @@
 # every benchmark suite, written with the device and date to benchmarks/<device>/.
 #   heads  the draft step at Qwen3-8B shapes in bfloat16 (the papers' setting), batch 1 and 8
 #   train  train-step throughput (tiny config, remat and anchor chunks) and the 8B step's memory
+#          on 8 simulated devices (the scaling table's 8-device row; the full table takes minutes)
 #   e2e    the tiny reproduction's trained checkpoints, when REPRO_DIR (default runs/repro) holds a
 #          finished run: the exports and target/ are about 35 MB, so they can travel with the checkout
 set -euo pipefail
@@ -16,7 +17,7 @@ device=$(python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', 
 out=benchmarks/${device}
 mkdir -p "$out"
 python -m xpress_jax.bench --suite=heads --dtype=bfloat16 --reps=20 --out="$out"
-python -m xpress_jax.bench --suite=train --train_steps=20 --out="$out"
+python -m xpress_jax.bench --suite=train --train_steps=20 --scaling_devices=8 --out="$out"
 repro=${REPRO_DIR:-runs/repro}
 if [ -f "$repro/xpress.frozen/DONE.json" ] && [ -f "$repro/dloop+xpress/DONE.json" ]; then
   python -m xpress_jax.bench --suite=e2e --run_dir="$repro" --reps=20 --out="$out"

@@ -64,7 +64,7 @@ def test_heads_and_train_suites_write_their_figures(tmp_path):
     assert "XPress 4 iterations" in r.stdout and "Traceback" not in r.stderr
 
     r = run("xpress_jax.bench", "--suite=train", f"--config={tiny}", f"--train_config={tiny}", "--train_steps=1",
-            f"--out={tmp_path}", timeout=900)
+            "--scaling_devices=4", f"--out={tmp_path}", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     with open(tmp_path / "train.json") as f:
         train = json.load(f)
@@ -74,7 +74,12 @@ def test_heads_and_train_suites_write_their_figures(tmp_path):
         # rematerialisation recomputes the drafter's forward in the backward pass: more flops, same step
         remat, stored = variants[f"remat=True,anchor_chunk={chunk}"], variants[f"remat=False,anchor_chunk={chunk}"]
         assert remat["flops"] > stored["flops"] and remat["loss"] == pytest.approx(stored["loss"], rel=1e-4)
-    assert train["dry_run"]["peak_gib"] > 0
+    # one device count: strong and weak are one program, split evenly (tests/test_trainer.py
+    # asserts how memory and FLOPs fall between device counts)
+    scaling = train["scaling"]
+    assert scaling["strong"] == scaling["weak"] and scaling["strong"][0]["devices"] == 4
+    assert scaling["strong"][0]["peak_gib"] > 0 and 0.9 < scaling["strong"][0]["flops_vs_ideal"] < 1.3
+    assert os.path.getsize(tmp_path / "train-scaling.png") > 0 and "| strong | 4 |" in r.stdout
     for head in ("markov", "xpress"):
         frozen = train["frozen_drafter"][head]
         assert frozen["frozen"]["seconds_per_step"] > 0 and frozen["full_backward"]["seconds_per_step"] > 0
@@ -127,6 +132,9 @@ def test_decode_suite_times_other_shapes_and_chosen_variants(tmp_path):
     assert r.returncode == 2 and "verify_tokens 40 is outside" in r.stderr and "Traceback" not in r.stderr
     r = invoke(*common, "--decode_set=target.arch.num_layers=3")
     assert r.returncode == 2 and "num_layers" in r.stderr and "Traceback" not in r.stderr
+    r = invoke("xpress_jax.bench", "--suite=all", "--scaling_devices=2,16", f"--out={tmp_path / 'none'}")
+    assert r.returncode == 2 and "--scaling_devices=2,16: expected device counts between 1 and 8" in r.stderr
+    assert not os.listdir(tmp_path / "none")  # refused before any suite ran
 
 
 def test_decode_suite_refuses_a_run_too_short_to_time(monkeypatch):

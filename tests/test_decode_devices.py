@@ -10,9 +10,9 @@ import pytest
 from flax import nnx
 
 from spec_fixtures import random_models
-from xpress_jax.decoding.devices import batch_mesh, replicate
+from xpress_jax.decoding.devices import batch_mesh, decode_batch_split, replicate
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import DecodeOptions, _decode, _decode_split, generate
+from xpress_jax.decoding.speculative import DecodeOptions, _decode, _decode_loop, generate
 from xpress_jax.errors import InputError
 
 
@@ -36,7 +36,8 @@ def test_each_of_eight_devices_does_an_eighth_of_the_work_with_no_collective():
     rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0))
     mesh = batch_mesh(8)
     one = _decode.lower(graphdef, state, ids, lengths, *rest, opts).compile()
-    split = _decode_split.lower(graphdef, replicate(state, mesh), ids, lengths, *rest, opts, mesh).compile()
+    split = decode_batch_split.lower(_decode_loop, graphdef, replicate(state, mesh), ids, lengths, *rest, opts,
+                                     mesh).compile()
 
     def flops(compiled):
         cost = compiled.cost_analysis()
@@ -51,3 +52,61 @@ def test_each_of_eight_devices_does_an_eighth_of_the_work_with_no_collective():
 def test_more_devices_than_this_process_has_are_refused():
     with pytest.raises(InputError, match=r"devices=9: this process has 8 device"):
         generate(random_models("dflash"), [[1, 2, 3]], max_new_tokens=4, devices=9)
+
+
+def split_target_models(seed=0):
+    """A target with 8 heads, 4 KV heads, vocabulary 256 (all divisible by 4), a drafter and an
+    XPress head, with peaked random weights."""
+    from spec_fixtures import make_head, redraw
+    from xpress_jax.decoding.speculative import SpecModels
+    from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
+    from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=16, rope_theta=10_000.0)
+    dcfg = DrafterConfig.from_target(cfg, num_layers=1, block_size=4, mask_token_id=255)
+    return SpecModels(redraw(Qwen3(cfg, rngs=nnx.Rngs(seed)), seed),
+                      redraw(DFlashDrafter(dcfg, rngs=nnx.Rngs(seed + 1)), seed + 1), make_head("xpress", dcfg, seed + 2))
+
+
+def collectives(hlo: str) -> dict[str, list[int]]:
+    """Each collective's result sizes (elements) in an HLO text."""
+    found: dict[str, list[int]] = {}
+    for dtype_dims, op in re.findall(r"= \w+\[([\d,]*)\][^ ]* (all-gather|all-reduce|all-to-all|collective-permute)\(",
+                                     hlo):
+        found.setdefault(op, []).append(int(np.prod([int(d) for d in dtype_dims.split(",") if d])))
+    return found
+
+
+def test_a_target_split_over_four_devices_decodes_the_same_tokens_with_a_quarter_of_the_work():
+    from xpress_jax.decoding.devices import decode_tensor_split, place_on_tensor_mesh, target_mesh, tensor_mesh
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 255, rng.integers(4, 12)).tolist() for _ in range(3)]
+    one, split = split_target_models(), split_target_models()
+    mesh = tensor_mesh(4, split.target.cfg)
+    place_on_tensor_mesh(split, mesh)
+    assert target_mesh(split) == mesh and split.target.lm_head[...].sharding.spec == jax.sharding.PartitionSpec(
+        None, "tensor")
+    for decoder in ("target", "xpress"):
+        for batch in ([prompts[0]], prompts):  # batch 1 splits the cache by KV head; 3 by sequence
+            a = generate(one, batch, decoder=decoder, max_new_tokens=20)
+            b = generate(split, batch, decoder=decoder, max_new_tokens=20)
+            assert a.tokens == b.tokens, (decoder, len(batch))
+    with pytest.raises(InputError, match="devices=2 splits the batch, but the target is split over 4 devices"):
+        generate(split, prompts, devices=2)
+
+    # target-only decoding at batch 1: each device computes a quarter and holds a quarter of the
+    # weights and of the cache; the only collectives are the hidden state's all-reduces and the
+    # vocabulary-split argmax's few values
+    opts = DecodeOptions(decoder="target", max_new_tokens=16, max_len=64, settings=DecodeSettings())
+    ids, lengths = jnp.zeros((1, 16), jnp.int32), jnp.full((1,), 8, jnp.int32)
+    rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0))
+    whole = _decode.lower(*nnx.split(one), ids, lengths, *rest, opts).compile()
+    parts = decode_tensor_split.lower(_decode_loop, *nnx.split(split), ids, lengths, *rest, opts, mesh).compile()
+    ratio = {k: getattr(parts.memory_analysis(), k) / getattr(whole.memory_analysis(), k)
+             for k in ("argument_size_in_bytes", "temp_size_in_bytes")}
+    assert ratio["argument_size_in_bytes"] < 0.35 and ratio["temp_size_in_bytes"] < 0.4, ratio
+    cost = lambda c: (c.cost_analysis()[0] if isinstance(c.cost_analysis(), list) else c.cost_analysis())["flops"]  # noqa: E731
+    assert cost(parts) / cost(whole) < 0.3, (cost(parts), cost(whole))
+    found = collectives(parts.as_text())
+    assert set(found) <= {"all-reduce", "all-gather"} and found.get("all-reduce"), found
+    assert max(found.get("all-gather", [0])) < 64, found  # less than one hidden state: the argmax's values

@@ -106,6 +106,14 @@ def test_generate_replaces_assistant_turns_with_the_targets_reply_and_resumes(tm
     again = run(*args)  # the entry point, one device
     assert again.returncode == 0 and "2 already regenerated, 0 to go" in again.stderr
     assert len(open(tmp_path / "out" / "data.jsonl").readlines()) == 2
+    # the target split over 4 devices instead of the batch: the same replies
+    split = invoke("xpress_jax.generate", f"--input={src}", f"--output={tmp_path / 'split'}", "--max_new_tokens=5",
+                   "--tensor_parallel=4")
+    assert split.returncode == 0, split.stderr[-2000:]
+    assert [json.loads(line) for line in open(tmp_path / "split" / "data.jsonl")] == rows
+    both = invoke("xpress_jax.generate", f"--input={src}", f"--output={tmp_path / 'both'}", "--tensor_parallel=2",
+                  "--devices=2")
+    assert both.returncode == 2 and "choose one" in both.stderr and "Traceback" not in both.stderr
 
 
 def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
@@ -202,6 +210,36 @@ def test_eval_holds_the_drafter_and_heads_in_the_dtype_asked():
         dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(models["dflash"].drafter, nnx.Param))}
         assert dtypes == {jax.numpy.dtype(name)}
         assert {x.dtype for x in jax.tree.leaves(nnx.state(target, nnx.Param))} == {jax.numpy.dtype("float32")}
+
+
+def test_eval_can_split_the_target_over_devices_and_decodes_the_same_tokens():
+    """eval.tensor_parallel=4: the shipped target's heads, MLP width and vocabulary split over 4
+    devices, the drafter replicated there; DFlash decodes the tokens it decodes on one device. A
+    split the target cannot take is refused before any weight is read."""
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+    from xpress_jax import assets
+    from xpress_jax.cli import DEFAULT_CONFIG, with_overrides
+    from xpress_jax.decoding.speculative import generate
+    from xpress_jax.errors import ConfigError
+    from xpress_jax.eval.evaluate import Method, build_methods
+    config = with_overrides(DEFAULT_CONFIG, **{"target.hf_dir": assets.TINY_TARGET})
+    methods = [Method("dflash", "dflash", assets.TINY_DFLASH)]
+    _, whole = build_methods(config, methods, "float32")
+    target, split = build_methods(config, methods, "float32", tensor_parallel=4)
+    assert target.embed_tokens[...].sharding.spec == P("tensor", None)
+    assert split["dflash"].drafter.fc[...].sharding.is_fully_replicated
+    assert len(split["dflash"].drafter.fc[...].sharding.device_set) == 4
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 2000, n).tolist() for n in (12, 30)]
+    a = generate(whole["dflash"], prompts, max_new_tokens=32)
+    b = generate(split["dflash"], prompts, max_new_tokens=32)
+    assert a.tokens == b.tokens and a.stats["steps"].tolist() == b.stats["steps"].tolist()
+    with pytest.raises(ConfigError, match=r"num_attention_heads=4 does not split over tensor=3"):
+        build_methods(config, methods, "float32", tensor_parallel=3)
+    with pytest.raises(ConfigError, match=rf"over 16 devices: this process has {jax.local_device_count()}"):
+        build_methods(config, methods, "float32", tensor_parallel=16)
 
 
 @pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])

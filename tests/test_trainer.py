@@ -3,6 +3,7 @@ SIGTERM saves, learning happens, bad input gets clear errors, init_from and the 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -377,22 +378,28 @@ def test_the_train_steps_memory_per_device_falls_with_devices(tmp_path):
     assert temp[8] <= 0.6 * temp[4], temp
 
 
-def test_the_dry_run_proves_the_work_is_split_and_catches_it_when_it_is_not(tmp_path, caplog):
-    """--dry_run's FLOPs ratio (per-device FLOPs * devices / the one-device step's): about 1 when the
-    batch splits over 8 devices; a batch of 4 cannot split 8 ways, so most devices repeat the work,
-    and the run says so."""
+def test_the_dry_run_proves_the_work_is_split_and_meshes_that_cannot_split_it_are_refused(tmp_path):
+    """--dry_run's FLOPs ratio (per-device FLOPs * devices / the one-device step's) is about 1 when
+    the batch splits over 8 devices. A mesh that cannot split the batch, the heads, the vocabulary
+    or the widths would leave that dimension whole on every device: refused, naming the field."""
     from xpress_jax.train.setup import dry_run
-    ratio = {}
-    for batch in (16, 4):
-        config = train_config(tmp_path, **{"mesh.shape": "(1,8,1)", "data.max_len": "128",
-                                           "train.batch_size": str(batch)})
-        caplog.clear()
-        report = dry_run(config)
-        warned = "train.batch_size=4 does not split over the mesh's data x fsdp = 8 devices" in caplog.text
-        assert warned == (batch == 4)
-        assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
-        ratio[batch] = report["flops_ratio"]
-    assert 0.9 <= ratio[16] <= 1.15 and ratio[4] >= 4, ratio
+    config = train_config(tmp_path, **{"mesh.shape": "(1,8,1)", "data.max_len": "128", "train.batch_size": "16"})
+    report = dry_run(config)
+    assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
+    assert 0.9 <= report["flops_ratio"] <= 1.15, report
+    for mesh, field, message in (
+            ("(1,8,1)", {"train.batch_size": "4"}, "train.batch_size=4 does not split over fsdp=8 (8 devices)"),
+            ("(1,4,2)", {"target.arch.vocab_size": "301"}, "target.arch.vocab_size=301 does not split over tensor=2"),
+            ("(1,2,4)", {"target.arch.num_attention_heads": "2"},
+             "target.arch.num_attention_heads=2 does not split over tensor=4"),
+            ("(1,8,1)", {"target.arch.hidden_size": "36", "target.arch.head_dim": "18"},
+             "target.arch.hidden_size=36 does not split over fsdp=8")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            dry_run(train_config(tmp_path, **{"mesh.shape": mesh, **field}))
+    # KV heads fewer than tensor devices stay whole (replicated), as GQA models usually are
+    from xpress_jax.sharding import make_mesh, refuse_uneven_splits
+    from xpress_jax.train.setup import split_sizes
+    refuse_uneven_splits(make_mesh((1, 4, 2)), split_sizes(train_config(tmp_path)))  # kv heads 1, tensor 2
 
 
 def test_layer_remat_recomputes_the_drafter_layers_and_changes_nothing_else(tmp_path):
@@ -429,6 +436,7 @@ def test_under_tensor_parallelism_the_logits_stay_split_over_the_vocabulary(tmp_
     vocab = 512
     config = train_config(tmp_path, **{"mesh.shape": "(1,1,8)", "data.max_len": "64",
                                        "target.arch.vocab_size": str(vocab), "drafter.mask_token_id": str(vocab - 1),
+                                       "target.arch.num_attention_heads": "8",  # 8 tensor devices split them
                                        "train.heads": "('xpress', 'markov')"})
     setup = Setup(config, abstract=True)
     hlo = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch()).compile().as_text()

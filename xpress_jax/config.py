@@ -120,6 +120,9 @@ def evaluation_defaults() -> dict:
         # token a step) or "verify_pass" (target-only decoding through the method's own loop with
         # every draft refused: the same verification pass, row 0 read; exact in bf16 too)
         "lossless_reference": "target_only",
+        # local devices the target's heads, MLP width and vocabulary are split over, for a target
+        # too large for one device (drafter and heads replicated; decoding/devices.py)
+        "tensor_parallel": 1,
     }
 
 

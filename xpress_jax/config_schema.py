@@ -133,7 +133,7 @@ RULES: dict[str, Rule] = {
     "eval.batch_size": _pos_int, "eval.seed": _nonneg_int, "eval.max_iters": _pos_int, "eval.early_stop": boolean,
     "eval.verify_tokens": _nonneg_int, "eval.drafter_dtype": one_of(*DTYPE_NAMES),
     "eval.prefill_chunk": integer(0),
-    "eval.lossless_reference": one_of(*LOSSLESS_REFERENCES),
+    "eval.lossless_reference": one_of(*LOSSLESS_REFERENCES), "eval.tensor_parallel": _pos_int,
     "eval.top_k": _nonneg_int, "eval.iteration_sweep": sequence(_pos_int, what="iteration counts >= 1"),
     "eval.out_dir": text(nonempty=True), "eval.max_prompt_tokens": _pos_int, "eval.time_split": boolean,
     "eval.candidate_k": _nonneg_int,

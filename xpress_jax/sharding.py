@@ -27,6 +27,9 @@ DEFAULT_RULES: dict[str, tuple[str, ...]] = {
     "embed": ("fsdp",),
     "heads": ("tensor",),
     "kv_heads": ("tensor",),
+    # a KV cache's leading [batch * kv_heads] axis: at batch 1 exactly the KV heads (decoding with a
+    # tensor-split target); at larger batches a split into whole sequences
+    "kv_rows": ("tensor",),
     "mlp": ("tensor",),
     "head_dim": (),
     "features": ("tensor",),
@@ -34,6 +37,19 @@ DEFAULT_RULES: dict[str, tuple[str, ...]] = {
     "block": (),
     "layers": (),
 }
+
+
+@contextlib.contextmanager
+def subset_meshes_expected() -> Iterator[None]:
+    """Within this block a mesh over some of the devices is no warning (dry runs and scaling
+    tables build them on purpose)."""
+    log = logging.getLogger(__name__)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
@@ -52,6 +68,20 @@ def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
     if math.prod(shape) < len(devices):
         logging.getLogger(__name__).warning("mesh %s uses %d of %d devices", tuple(shape), math.prod(shape), len(devices))
     return Mesh(np.asarray(devices[:math.prod(shape)]).reshape(shape), MESH_AXES)
+
+
+def refuse_uneven_splits(mesh: Mesh, sizes: dict[str, tuple[str, int]]) -> None:
+    """A ConfigError naming the first config field that the mesh axes of its logical axis do not
+    divide. `logical_to_spec` would leave such a dimension whole on every device, and the work
+    meant to be split would be repeated. sizes: config field -> (logical axis, size). KV heads are
+    not checked: fewer KV heads than tensor devices are replicated, as GQA models usually are."""
+    for field, (logical, size) in sizes.items():
+        axes = [a for a in DEFAULT_RULES[logical] if mesh.shape[a] > 1]
+        split = math.prod(mesh.shape[a] for a in axes)
+        if size % split:
+            over = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
+            raise ConfigError(f"mesh.shape={tuple(mesh.shape.values())}: {field}={size} does not split over "
+                              f"{over} ({split} devices); choose a mesh whose {'/'.join(axes)} axes divide it")
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,

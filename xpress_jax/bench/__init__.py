@@ -4,5 +4,6 @@
 
 `heads.py`: the draft step at Qwen3-8B shapes on random weights, each call with its FLOPs, bytes
 and roofline bound (`costs.py`); `e2e.py`: decoding speed and the heads' costs on the tiny
-reproduction's trained checkpoints; `train.py`: train-step throughput and the 8B step's memory.
+reproduction's trained checkpoints; `train.py`: train-step throughput; `scaling.py`: the 8B step's
+strong and weak scaling on simulated devices (per-device memory and FLOPs).
 """

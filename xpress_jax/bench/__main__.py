@@ -20,6 +20,7 @@ import platform
 from absl import flags
 
 from xpress_jax import atomic, cli
+from xpress_jax.errors import InputError
 
 SUITES = ("heads", "e2e", "decode", "train")
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
@@ -57,6 +58,8 @@ flags.DEFINE_list("verify_tokens", ["0"], "decode: draft tokens the target verif
 flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.",
                     flag_values=FLAGS)
 flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.", flag_values=FLAGS)
+flags.DEFINE_list("scaling_devices", ["1", "2", "4", "8"], "train: simulated device counts (at most 8) of the "
+                  "--config step's strong and weak scaling table.", flag_values=FLAGS)
 
 
 def machine() -> dict:
@@ -125,17 +128,30 @@ def run_decode(out: str) -> dict:
     return result
 
 
-def run_train(config_path: str) -> dict:
+def run_train(config_path: str, out: str) -> dict:
     from xpress_jax.bench import train
-    result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps)
+    from xpress_jax.bench.scaling import scaling_table
+    from xpress_jax.report import plots
+    result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps,
+                         scaling_devices=scaling_devices())
     for name, v in result["variants"].items():
         print(f"train {name}: {v['tokens_per_s']:.0f} tokens/s ({v['relative_to_fastest']:.2f} of the fastest)")
     for head, v in result["frozen_drafter"].items():
         flops = f" and {v['flops_ratio']:.2f} of the flops" if v["flops_ratio"] is not None else ""
         print(f"train {head} on a frozen drafter: {v['time_ratio']:.2f} of the step time{flops} "
               "of the same step with a backward pass through the drafter")
-    print(f"train --dry_run {os.path.basename(config_path)}: peak {result['dry_run'].get('peak_gib')} GiB per device")
+    table = scaling_table(result["scaling"])
+    atomic.write_text(os.path.join(out, "train-scaling.md"), table + "\n")
+    plots.scaling(result["scaling"], os.path.join(out, "train-scaling.png"))
+    print(f"train scaling of {os.path.basename(config_path)} on simulated devices (per device):\n{table}")
     return result
+
+
+def scaling_devices() -> list[int]:
+    counts = FLAGS.scaling_devices
+    if not counts or not all(n.isdigit() and 1 <= int(n) <= 8 for n in counts):
+        raise InputError(f"--scaling_devices={','.join(counts)}: expected device counts between 1 and 8")
+    return [int(n) for n in counts]
 
 
 def _earlier(out: str, suite: str) -> dict | None:
@@ -152,6 +168,8 @@ def main(config):
     os.makedirs(out, exist_ok=True)
     config_path = cli.config_file(FLAGS)
     suites = SUITES if FLAGS.suite == "all" else (FLAGS.suite,)
+    if "train" in suites:
+        scaling_devices()  # refused before any suite runs
     results = {}
     for suite in suites:
         if suite == "heads":
@@ -161,7 +179,7 @@ def main(config):
         elif suite == "decode":
             results[suite] = run_decode(out)
         else:
-            results[suite] = run_train(config_path)
+            results[suite] = run_train(config_path, out)
         path = os.path.join(out, f"{suite}.json")
         atomic.write_json(path, {"suite": suite, **machine(), **results[suite]})
         print(f"wrote {path}")

@@ -1,9 +1,9 @@
 """The `train` suite: throughput of the jitted train step on a small config with and without
 rematerialisation and at two anchor-chunk sizes (measured side by side on the same batch); a
 head's step on a frozen drafter (train.trainable=heads) against the same step with a backward
-pass through the drafter; and the compiled per-device memory of a large config's step
-(`python -m xpress_jax.train --dry_run`, abstract arrays on fake devices: no weights are
-allocated)."""
+pass through the drafter; and a large config's strong and weak scaling on 1 to 8 simulated
+devices, per-device memory and FLOPs of the compiled step (`bench/scaling.py`: abstract arrays,
+no weights are allocated)."""
 
 from __future__ import annotations
 
@@ -84,23 +84,20 @@ def frozen_drafter_step(config, *, steps: int) -> dict:
     return out
 
 
-def dry_run_memory(config_path: str) -> dict:
-    """The train CLI's --dry_run report for a config on 8 simulated CPU devices (per-device memory
-    and FLOPs of the compiled step, and their ratio to the one-device step's). The caller's XLA
-    flags apply, less any device count: the dry run sets its own."""
-    xla_flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-                 if not f.startswith("--xla_force_host_platform_device_count")]
-    env = {**os.environ, "XLA_FLAGS": " ".join(xla_flags), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-m", "xpress_jax.train", f"--config={config_path}", "--dry_run",
-                        "--dry_run_devices=8"],
-                       capture_output=True, text=True, env=env, timeout=1800)
+def scaling_on_simulated_devices(config_path: str, devices) -> dict:
+    """`bench/scaling.py`'s strong and weak scaling rows for a config, in a process of its own
+    with 8 simulated CPU devices (the caller's XLA flags apply, less any device count)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-m", "xpress_jax.bench.scaling", config_path,
+                        f"--devices={','.join(str(n) for n in devices)}"],
+                       capture_output=True, text=True, env=env, timeout=3600)
     if r.returncode != 0:
-        raise InputError(f"--dry_run of {config_path} failed: {r.stderr.strip().splitlines()[-1:]}")
+        raise InputError(f"the scaling table of {config_path} failed: {r.stderr.strip().splitlines()[-1:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chunks=None,
-          heads=("markov", "xpress")) -> dict:
+          heads=("markov", "xpress"), scaling_devices=(1, 2, 4, 8)) -> dict:
     from xpress_jax.cli import with_overrides, load_config
     base = load_config(small_config_path)
     anchors = base.train.num_anchors
@@ -122,5 +119,5 @@ def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chu
             config = with_overrides(small_config_path, **{"train.trainable": "heads", "train.heads": f"('{head}',)",
                                                           "train.steps": steps + 1, "train.out_dir": tmp})
             out["frozen_drafter"][head] = frozen_drafter_step(config, steps=steps)
-    out["dry_run"] = {"config": large_config_path, **dry_run_memory(large_config_path)}
+    out["scaling"] = scaling_on_simulated_devices(large_config_path, scaling_devices)
     return out

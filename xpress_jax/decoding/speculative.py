@@ -14,7 +14,6 @@ but not yet run through the target (it is slot 0 of the next block).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Sequence
 
@@ -23,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from xpress_jax.decoding.devices import batch_mesh, replicate, split_batch
+from xpress_jax.decoding.devices import (batch_mesh, decode_batch_split, decode_tensor_split, replicate,
+                                         target_mesh)
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
@@ -302,13 +302,6 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
 _decode = jax.jit(_decode_loop, static_argnames=("graphdef", "opts"))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "opts", "mesh"))
-def _decode_split(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, opts: DecodeOptions, mesh):
-    """`_decode` with the batch split over `mesh`'s devices (decoding/devices.py)."""
-    decode = functools.partial(_decode_loop, graphdef, opts=opts)
-    return split_batch(mesh, decode)(state, prompt, prompt_lens, stop_ids, key, temperature)
-
-
 def check_compatible(models: SpecModels, decoder: str) -> None:
     if decoder not in DECODERS:
         raise InputError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
@@ -334,7 +327,10 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     devices > 1 splits the batch over this process's first `devices` devices (decoding/devices.py):
     greedy output is the same; sampling draws from a key per device."""
     check_compatible(models, decoder)
-    mesh = batch_mesh(devices)
+    mesh, split = batch_mesh(devices), target_mesh(models)
+    if mesh is not None and split is not None:
+        raise InputError(f"devices={devices} splits the batch, but the target is split over {split.size} devices; "
+                         "use one or the other")
     if reject_drafts and temperature > 0:
         raise InputError("reject_drafts is a greedy reference; it needs temperature 0")
     try:
@@ -368,13 +364,16 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     graphdef, state = nnx.split(models)
     args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
             jnp.float32(temperature if temperature > 0 else 1.0))
-    if mesh is None:
+    if split is not None:
+        buf, n_out, stopped, stats = decode_tensor_split(_decode_loop, graphdef, state, jnp.asarray(ids),
+                                                         jnp.asarray(lengths), *args, opts, split)
+    elif mesh is None:
         buf, n_out, stopped, stats = _decode(graphdef, state, jnp.asarray(ids), jnp.asarray(lengths), *args, opts)
     else:  # every device gets as many rows: the extra ones repeat prompt 0 and are dropped
         extra = [0] * (round_up(len(prompts), mesh.size) - len(prompts))
         ids, lengths = np.concatenate([ids, ids[extra]]), np.concatenate([lengths, lengths[extra]])
-        buf, n_out, stopped, stats = _decode_split(graphdef, replicate(state, mesh), jnp.asarray(ids),
-                                                   jnp.asarray(lengths), *args, opts, mesh)
+        buf, n_out, stopped, stats = decode_batch_split(_decode_loop, graphdef, replicate(state, mesh),
+                                                        jnp.asarray(ids), jnp.asarray(lengths), *args, opts, mesh)
     rows = len(prompts)
     buf, n_out = np.asarray(buf), np.asarray(n_out)
     return Generation(tokens=[buf[i, :n_out[i]].tolist() for i in range(rows)],

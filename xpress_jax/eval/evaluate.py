@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.profile import component_times
+from xpress_jax.decoding.devices import place_on_tensor_mesh, tensor_mesh
 from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate, round_up
 from xpress_jax.errors import InputError
 from xpress_jax.eval.candidates import candidate_mode_agreement
@@ -126,9 +127,11 @@ def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: i
     return tokens, stats, seconds
 
 
-def build_methods(config, methods: list[Method], drafter_dtype: str):
+def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_parallel: int = 1):
     """The target once, each distinct drafter checkpoint once, and each method's head, the drafter
-    and heads held and computed in `drafter_dtype`."""
+    and heads held and computed in `drafter_dtype`. tensor_parallel > 1: the target split over
+    that many local devices, the drafters and heads replicated on them (decoding/devices.py)."""
+    mesh = tensor_mesh(tensor_parallel, target_config(config))  # a bad count is refused before any weight is read
     target = build_target(config)
     dtypes = {"dtype": dtype(drafter_dtype), "param_dtype": dtype(drafter_dtype)}
     drafters = {ckpt: build_drafter(config, target, ckpt, dtypes)
@@ -137,6 +140,8 @@ def build_methods(config, methods: list[Method], drafter_dtype: str):
     for m in methods:
         drafter = drafters[m.checkpoint]
         models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint, dtypes))
+        if mesh is not None:
+            place_on_tensor_mesh(models[m.label], mesh)
     return target, models
 
 
@@ -218,7 +223,7 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     """Runs target-only decoding once per dataset and every method against it; writes results.json,
     results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
     target-only decoding at temperature 0 when check_lossless)."""
-    target, models = build_methods(config, methods, s.drafter_dtype)
+    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel)
     os.makedirs(s.out_dir, exist_ok=True)
     questions = {ds: load_questions(ds, s.num_prompts) for ds in s.datasets}
     encoded = {ds: encode_prompts(config, questions[ds], s.max_prompt_tokens) for ds in s.datasets}

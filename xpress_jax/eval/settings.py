@@ -31,6 +31,7 @@ class EvalSettings:
     drafter_dtype: str  # the drafter's and heads' weights and compute (config.DTYPES)
     prefill_chunk: int  # longer prompts go through the target in chunks of this many tokens
     lossless_reference: str  # what --check_lossless compares with (config.LOSSLESS_REFERENCES)
+    tensor_parallel: int  # local devices the target is split over (1: one device)
 
     @classmethod
     def from_config(cls, section) -> "EvalSettings":

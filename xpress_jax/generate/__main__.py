@@ -25,6 +25,8 @@ flags.DEFINE_string("output", None, "Output directory (data.jsonl inside; append
 flags.DEFINE_integer("batch_size", 8, "Prompts decoded together, split over --devices.", flag_values=FLAGS)
 flags.DEFINE_integer("devices", 0, "Local devices the batch is split over (0: all of them); each decodes its "
                      "share of the prompts with its own copy of the weights.", flag_values=FLAGS)
+flags.DEFINE_integer("tensor_parallel", 1, "Local devices the target's heads, MLP width and vocabulary are split "
+                     "over, for a target too large for one device (the batch is then not split).", flag_values=FLAGS)
 flags.DEFINE_integer("max_new_tokens", 1024, "Longest reply.", flag_values=FLAGS)
 flags.DEFINE_integer("max_prompt_tokens", 2048, "Longer prompts are skipped (with a count in the log).",
                      flag_values=FLAGS)
@@ -35,7 +37,8 @@ def main(config):
         raise DataError("--input and --output are required")
     cli.log_to_file(os.path.join(FLAGS.output, "log.txt"))
     regenerate(config, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens,
-               max_prompt_tokens=FLAGS.max_prompt_tokens, devices=FLAGS.devices)
+               max_prompt_tokens=FLAGS.max_prompt_tokens, devices=FLAGS.devices,
+               tensor_parallel=FLAGS.tensor_parallel)
 
 
 if __name__ == "__main__":

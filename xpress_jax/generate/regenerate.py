@@ -14,7 +14,8 @@ from tqdm import tqdm
 from xpress_jax.data.byte_tokenizer import tokenizer_for
 from xpress_jax.data.chat import normalise_messages, prompt_ids
 from xpress_jax.data.dataset import read_records
-from xpress_jax.decoding.devices import batch_mesh, replicate
+from xpress_jax.decoding.devices import batch_mesh, place_on_tensor_mesh, replicate, tensor_mesh
+from xpress_jax.errors import InputError
 from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate
 from xpress_jax.models.build import build_target, target_config
 
@@ -61,11 +62,16 @@ def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int,
 
 
 def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max_new_tokens: int,
-               max_prompt_tokens: int, limit: int | None = None, devices: int = 0) -> dict:
+               max_prompt_tokens: int, limit: int | None = None, devices: int = 0, tensor_parallel: int = 1) -> dict:
     """Regenerates the records of input_path (the first `limit`) into OUTPUT/data.jsonl, resuming.
-    Each batch is split over `devices` local devices (0: all of them)."""
-    devices = devices or jax.local_device_count()
-    mesh = batch_mesh(devices)  # a bad count is refused before anything is read
+    Each batch is split over `devices` local devices (0: all of them), or, with tensor_parallel > 1,
+    the target is split over that many devices and the batch is not (decoding/devices.py)."""
+    if tensor_parallel > 1 and devices > 1:
+        raise InputError(f"--devices={devices} splits the batch and --tensor_parallel={tensor_parallel} the target; "
+                         "choose one")
+    split = tensor_mesh(tensor_parallel, target_config(config))  # bad counts are refused before anything is read
+    devices = 1 if split is not None else devices or jax.local_device_count()
+    mesh = batch_mesh(devices)
     records = read_records([input_path])[:limit]
     for i, r in enumerate(records):
         r["id"] = str(r["id"]) if r.get("id") is not None else str(i)
@@ -78,6 +84,8 @@ def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max
     model = build_target(config)
     if mesh is not None:  # the weights go to every device once, not with every batch
         nnx.update(model, replicate(nnx.state(model), mesh))
+    if split is not None:
+        place_on_tensor_mesh(SpecModels(model), split)
     tokenizer = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     skipped = 0

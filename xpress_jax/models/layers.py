@@ -18,6 +18,11 @@ from xpress_jax.sharding import constrain
 
 # the residual stream's logical axes: batch split over (data, fsdp), the rest whole on each device
 ACTIVATION_AXES = ("batch", None, None)  # [batch, seq, hidden]
+# Inside attention, the heads follow their projections' split (tensor parallelism): without these,
+# XLA may gather every head to each device and compute attention whole on all of them.
+QUERY_AXES = ("batch", None, "heads", None)  # [batch, seq, heads, head_dim]
+KV_AXES = ("batch", None, "kv_heads", None)  # [batch, seq, kv_heads, head_dim]
+CACHE_AXES = ("kv_rows", None, None)  # [batch * kv_heads, max_len, head_dim] (`kv_rows`)
 
 # A large negative number rather than -inf: a fully masked row then softmaxes to uniform garbage
 # instead of NaN, and such rows (padding) are never read.
@@ -137,13 +142,13 @@ class Attention(nnx.Module):
 
     def queries(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         """x: [batch, seq, hidden] -> [batch, seq, heads, head_dim], normed and rotated."""
-        q = jnp.einsum("bsh,hnd->bsnd", x, self.q_proj[...].astype(self.dtype))
+        q = constrain(jnp.einsum("bsh,hnd->bsnd", x, self.q_proj[...].astype(self.dtype)), QUERY_AXES)
         return rope(self.q_norm(q), positions, self.rope_theta)
 
     def keys_values(self, x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
         """x: [batch, seq, hidden] -> k, v: [batch, seq, kv_heads, head_dim]; k normed and rotated."""
-        k = jnp.einsum("bsh,hnd->bsnd", x, self.k_proj[...].astype(self.dtype))
-        v = jnp.einsum("bsh,hnd->bsnd", x, self.v_proj[...].astype(self.dtype))
+        k = constrain(jnp.einsum("bsh,hnd->bsnd", x, self.k_proj[...].astype(self.dtype)), KV_AXES)
+        v = constrain(jnp.einsum("bsh,hnd->bsnd", x, self.v_proj[...].astype(self.dtype)), KV_AXES)
         return rope(self.k_norm(k), positions, self.rope_theta), v
 
     def output(self, attn: jax.Array) -> jax.Array:

@@ -16,7 +16,7 @@ from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
-from xpress_jax.models.layers import (ACTIVATION_AXES, EINSUM, RMSNorm, attend, is_scanned, kv_rows, layer_stack,
+from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_AXES, EINSUM, RMSNorm, attend, is_scanned, kv_rows, layer_stack,
                                       long_pass_kernel, param, scan_layers)
 
 
@@ -254,6 +254,7 @@ class Qwen3(nnx.Module):
                 return attend(q, kv_rows(k), kv_rows(v), mask, attention), written
             # k, v: [batch * kv_heads, max_len, head_dim] after the write; the written buffers accumulate
             k, v = write_kv(cache.k[i], k, cache.lengths), write_kv(cache.v[i], v, cache.lengths)
+            k, v = constrain(k, CACHE_AXES), constrain(v, CACHE_AXES)  # the target's cache split with its KV heads
             return attend(q, k, v, mask, attention), written + ((k, v),)
 
         last = num_layers - 1  # its tap is read after the final norm, as HF reports it

@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def _panels(count: int, width: float = 5.0, height: float = 3.6):
@@ -144,4 +145,26 @@ def break_even_tau(decode_result: dict, path: str) -> None:
         ax.axhline(1.0, color="grey", lw=1, ls="--")
         ax.set(title=f"batch {batch}: tau needed to match target-only decoding", ylabel="break-even tau")
         _finish(ax, axis="y")
+    _save(fig, path)
+
+
+def scaling(scaling_result: dict, path: str) -> None:
+    """Per-device temporaries and FLOPs against devices, strong and weak scaling, each beside
+    its ideal (an even split: 1/devices of the first row for strong, flat for weak)."""
+    fig, axes = _panels(2, 5, 3.6)
+    for ax, key, label in ((axes[0], "temp_gib", "temporaries per device (GiB)"),
+                           (axes[1], "flops_per_device", "FLOPs per device")):
+        for kind, marker in (("strong", "o"), ("weak", "s")):
+            rows = scaling_result[kind]
+            devices = [r["devices"] for r in rows]
+            first = rows[0]
+            ideal = [first[key] * (first["devices"] / n if kind == "strong" else 1) for n in devices]
+            line, = ax.plot(devices, [r[key] for r in rows], marker=marker, label=f"{kind}")
+            ax.plot(devices, ideal, ls="--", color=line.get_color(), alpha=0.6, label=f"{kind}, even split")
+        ax.set(xscale="log", yscale="log", xlabel="devices", ylabel=label)
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # only the device counts
+        ax.set_xticks(devices, [str(n) for n in devices])
+        _finish(ax)
+    fig.suptitle(f"{scaling_result.get('config', '')}: strong batch {scaling_result['strong_global_batch']}, "
+                 f"weak {scaling_result['weak_batch_per_device']} per device", fontsize=9)
     _save(fig, path)

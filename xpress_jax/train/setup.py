@@ -5,7 +5,6 @@ step. `train` runs it; `dry_run` compiles the step on abstract arrays and report
 from __future__ import annotations
 
 import copy
-import logging
 import math
 
 import jax
@@ -15,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from xpress_jax import sharding
 from xpress_jax.errors import ConfigError
-from xpress_jax.models.build import build_target, build_trainable
+from xpress_jax.models.build import build_target, build_trainable, target_config
 from xpress_jax.models.layers import unrolled_loops
 from xpress_jax.train import state as st
 from xpress_jax.train.step import LossSettings, make_train_step
@@ -38,6 +37,16 @@ def place(params: dict, axes: dict, mesh) -> tuple[dict, dict]:
     return placed, shardings
 
 
+def split_sizes(config) -> dict[str, tuple[str, int]]:
+    """The config fields the mesh splits, with their logical axes (`sharding.refuse_uneven_splits`)."""
+    arch = target_config(config)
+    return {"train.batch_size": ("batch", config.train.batch_size),
+            "target.arch.num_attention_heads": ("heads", arch.num_attention_heads),
+            "target.arch.vocab_size": ("vocab", arch.vocab_size),
+            "target.arch.intermediate_size": ("mlp", arch.intermediate_size),
+            "target.arch.hidden_size": ("embed", arch.hidden_size)}
+
+
 def total_steps(config, num_records: int | None) -> int:
     t = config.train
     if t.steps > 0:
@@ -53,11 +62,7 @@ class Setup:
     def __init__(self, config, *, abstract: bool, num_records: int | None = None):
         self.config = config
         self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
-        splits = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        if config.train.batch_size % splits:  # the rules then leave the batch whole: every device repeats it
-            logging.getLogger(__name__).warning(
-                "train.batch_size=%d does not split over the mesh's data x fsdp = %d devices: each device computes "
-                "the whole batch (use a multiple of %d)", config.train.batch_size, splits, splits)
+        sharding.refuse_uneven_splits(self.mesh, split_sizes(config))
         target = build_target(config, mesh=self.mesh, abstract=abstract, scan=True)
         trainable = build_trainable(config, target.cfg, abstract=abstract)
         trainable.drafter.cfg.check_target(target.cfg)
@@ -119,14 +124,15 @@ def compile_step(config):
     return setup, setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch()).compile()
 
 
-def dry_run(config) -> dict:
+def dry_run(config, *, model_flops: float | None = None) -> dict:
     """Compiles the train step on abstract arrays and reports, per device: argument, output,
     temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
     step's model FLOPs (forward of the target, forward and backward of the drafter and heads,
     the update), and `flops_ratio` = per-device FLOPs * devices / model FLOPs: 1 when the mesh
     splits the work, up to the device count when every device repeats it. Memory comes from the
     step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
-    chunk (the same work), since XLA counts a loop body once."""
+    chunk (the same work), since XLA counts a loop body once. A caller that knows the model
+    FLOPs passes them and saves the one-device compile."""
     setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
     gib = lambda b: round(b / 2**30, 3)  # noqa: E731
@@ -145,16 +151,12 @@ def dry_run(config) -> dict:
         counted.train.anchor_chunk = config.train.num_anchors
     with unrolled_loops():
         flops = compiled_flops(compile_step(counted)[1])
-    one_device = copy.deepcopy(counted)
-    with one_device.unlocked():
-        one_device.mesh.shape = (1, 1, 1)
-    quiet = logging.getLogger("xpress_jax.sharding")  # "uses 1 of N devices" is the point here
-    level, quiet.level = quiet.level, logging.ERROR
-    try:
-        with unrolled_loops():
+    if model_flops is None:
+        one_device = copy.deepcopy(counted)
+        with one_device.unlocked():
+            one_device.mesh.shape = (1, 1, 1)
+        with unrolled_loops(), sharding.subset_meshes_expected():
             model_flops = compiled_flops(compile_step(one_device)[1]) if devices > 1 else flops
-    finally:
-        quiet.setLevel(level)
     report.update(flops_per_device=flops, model_flops=model_flops,
                   flops_ratio=round(flops * devices / model_flops, 3) if flops and model_flops else None)
     return report
