@@ -1,27 +1,113 @@
 #!/usr/bin/env bash
-# The accelerator measurements as one prepared command (run from the repository root on the device):
-# every benchmark suite, written with the device and date to benchmarks/<device>/.
-#   heads  the draft step at Qwen3-8B shapes in bfloat16 (the papers' setting), batch 1 and 8
-#   train  train-step throughput (tiny config, remat and anchor chunks) and the 8B step's memory
-#          on 8 simulated devices (the scaling table's 8-device row; the full table takes minutes)
-#   e2e    the tiny reproduction's trained checkpoints, when REPRO_DIR (default runs/repro) holds a
-#          finished run: the exports and target/ are about 35 MB, so they can travel with the checkout
-set -euo pipefail
-# the CUDA jaxlib (a plain install would run on the CPU); offline, the jax already installed
-if ! python -m pip install -q -e ".[cuda]"; then
-  echo "gpu.sh: pip could not install .[cuda]; using the installed jax" >&2
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The accelerator checks and measurements as one prepared command, run from the repository root
+# on a fresh machine; everything lands in OUT (default benchmarks/gpu/DEVICE), with the date.
+#
+#   benchmarks/gpu.sh [--dry_run] [OUT]
+#
+# Stages, most important first, each under its own time limit inside an 8-minute budget:
+#   parity   the parity tests that matter on a GPU: Qwen3 against transformers, greedy decoding
+#            equal to target-only decoding, the chi-square test of speculative sampling, the
+#            bf16 verify-pass reference
+#   decode   one decode-loop step of DFlash, XPress and D-Loop against target-only decoding at
+#            Qwen3-8B shapes on random weights (a step's cost does not depend on the weights)
+#   dry_run  the Qwen3-8B train step compiled on this backend: per-device memory and FLOPs
+#   heads    the draft step at Qwen3-8B shapes in bfloat16, batch 1 and 8, with its roofline
+#   e2e      the shipped tiny target and DFlash drafter against target-only decoding (eval)
+#   train    train-step throughput (tiny config) and the 8B step's memory on 8 simulated devices
+# OUT/stages.jsonl gets one line per stage as it ends (ok, failed, timed_out, or skipped when the
+# budget is spent), and each stage's output and log stay in OUT, so a run cut short keeps what
+# it finished. --dry_run checks the plumbing on a CPU in about a minute: every stage runs at tiny
+# sizes (parity only collects its tests), nothing is installed, and OUT defaults to a new
+# temporary directory. The exit code is 1 if a stage failed or timed out.
+set -uo pipefail
+dry_run=0
+if [ "${1:-}" = "--dry_run" ]; then dry_run=1; shift; fi
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+  echo "usage: $0 [--dry_run] [OUT]" >&2
+  exit 2
 fi
-python -c "import jax, sys; sys.exit(0 if jax.default_backend() != 'cpu' else 'gpu.sh: jax sees no accelerator')"
-device=$(python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
-out=benchmarks/${device}
-mkdir -p "$out"
-python -m xpress_jax.bench --suite=heads --dtype=bfloat16 --reps=20 --out="$out"
-python -m xpress_jax.bench --suite=train --train_steps=20 --scaling_devices=8 --out="$out"
-repro=${REPRO_DIR:-runs/repro}
-if [ -f "$repro/xpress.frozen/DONE.json" ] && [ -f "$repro/dloop+xpress/DONE.json" ]; then
-  python -m xpress_jax.bench --suite=e2e --run_dir="$repro" --reps=20 --out="$out"
+budget=${GPU_SH_BUDGET_S:-480}
+started=$SECONDS
+
+if [ $dry_run = 1 ]; then
+  export JAX_PLATFORMS=cpu
+  out=${1:-$(mktemp -d)/gpu}
+  tiny=configs/tiny.py
 else
-  echo "e2e skipped: $repro holds no finished reproduction (python -m xpress_jax.reproduce)" >&2
+  # the CUDA jaxlib (a plain install would run on the CPU); offline, what is installed
+  if ! python -m pip install -q -e ".[cuda,test]"; then
+    echo "gpu.sh: pip could not install .[cuda,test]; using the installed packages" >&2
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  python -c "import jax, sys; sys.exit(0 if jax.default_backend() != 'cpu' else 'gpu.sh: jax sees no accelerator')" \
+    || exit 1
+  device=$(python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
+  out=${1:-benchmarks/gpu/${device}}
 fi
-date -u +"%Y-%m-%dT%H:%MZ" > "$out/DATE"
+mkdir -p "$out"
+python -c "import datetime, jax, json, platform; print(json.dumps({'date': datetime.datetime.now(datetime.timezone.utc)
+  .isoformat(timespec='minutes'), 'device': jax.devices()[0].device_kind, 'device_count': jax.device_count(),
+  'jax': jax.__version__, 'python': platform.python_version(), 'dry_run': $dry_run == 1}))" > "$out/machine.json"
+: > "$out/stages.jsonl"
+failed=0
+
+# stage NAME LIMIT_S COMMAND...: runs COMMAND (stdout and stderr to OUT/NAME.log) for at most
+# LIMIT_S seconds or what is left of the budget, and records how it ended
+stage() {
+  local name=$1 limit=$2 status rc t0 left
+  shift 2
+  left=$((budget - (SECONDS - started)))
+  if [ "$left" -lt 20 ]; then
+    echo "{\"stage\": \"$name\", \"status\": \"skipped\", \"seconds\": 0}" >> "$out/stages.jsonl"
+    echo "gpu.sh: $name skipped, the ${budget} s budget is spent" >&2
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) status=ok ;;
+    124|137) status=timed_out; failed=1 ;;
+    *) status=failed; failed=1 ;;
+  esac
+  echo "{\"stage\": \"$name\", \"status\": \"$status\", \"exit_code\": $rc, \"seconds\": $((SECONDS - t0)), \"limit_s\": $limit}" \
+    >> "$out/stages.jsonl"
+  echo "gpu.sh: $name $status in $((SECONDS - t0)) s (log: $out/$name.log)" >&2
+}
+
+parity_tests=(
+  tests/test_qwen3.py::test_prefill_logits_and_taps_match_transformers
+  tests/test_qwen3.py::test_greedy_generation_equals_hf_generate
+  tests/test_speculative.py::test_greedy_equals_target_only_random_models
+  tests/test_speculative.py::test_sampling_preserves_the_target_distribution
+  tests/test_eval.py::test_the_verify_pass_reference_is_exact_in_bf16
+)
+target=xpress_jax/assets/tiny/target
+dflash=xpress_jax/assets/tiny/dflash
+if [ $dry_run = 1 ]; then
+  stage parity 60 python -m pytest -q --collect-only "${parity_tests[@]}"
+  stage decode 120 python -m xpress_jax.bench --suite=decode --decode_config=$tiny --contexts=8 --batches=1 \
+    --decode_tokens=128 --reps=3 --decode_variants=dflash --out="$out"
+  stage dry_run 120 python -m xpress_jax.train --config=$tiny --dry_run --dry_run_out="$out/dry_run.json"
+  stage heads 120 python -m xpress_jax.bench --suite=heads --config=$tiny --batches=2 --context=32 --reps=1 \
+    --out="$out"
+  stage e2e 120 python -m xpress_jax.eval --config=configs/tiny_heads.py --config.target.hf_dir=$target \
+    --checkpoint=$dflash --decoders=dflash --datasets=gsm8k --num_prompts=2 --max_new_tokens=16 \
+    --config.eval.iteration_sweep="()" --config.eval.time_split=false --check_lossless --out="$out/e2e"
+  stage train 180 python -m xpress_jax.bench --suite=train --config=$tiny --train_config=$tiny --train_steps=1 \
+    --scaling_devices=4 --out="$out"
+else
+  stage parity 180 python -m pytest -q "${parity_tests[@]}"
+  stage decode 120 python -m xpress_jax.bench --suite=decode --decode_config=configs/qwen3_8b.py --contexts=1024 \
+    --batches=1,8 --decode_tokens=64 --reps=3 --decode_variants=dflash,xpress_it4,dloop --out="$out"
+  stage dry_run 90 python -m xpress_jax.train --config=configs/qwen3_8b.py --dry_run --config.mesh.shape="(1,1,1)" \
+    --config.train.batch_size=2 --dry_run_out="$out/dry_run.json"
+  stage heads 60 python -m xpress_jax.bench --suite=heads --dtype=bfloat16 --reps=20 --out="$out"
+  stage e2e 60 python -m xpress_jax.eval --config=configs/tiny_heads.py --config.target.hf_dir=$target \
+    --checkpoint=$dflash --decoders=dflash --datasets=gsm8k --num_prompts=16 --max_new_tokens=256 \
+    --config.eval.time_split=false --check_lossless --out="$out/e2e"
+  stage train 120 python -m xpress_jax.bench --suite=train --train_steps=20 --scaling_devices=8 --out="$out"
+fi
+echo "gpu.sh: done in $((SECONDS - started)) s; $out/stages.jsonl" >&2
+exit $failed

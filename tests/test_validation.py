@@ -190,9 +190,12 @@ def test_bad_data_or_checkpoints_leave_no_run_directory(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": "a"}) + "\n[1, 2]\n")
     out = tmp_path / "run"
-    r = invoke("xpress_jax.train", f"--config.train.out_dir={out}", f"--config.data.train_files=('{bad}',)")
+    r = invoke("xpress_jax.train", f"--config.train.out_dir={out}", f"--config.data.train_files=('{bad}',)",
+               "--config.train.batch_size=8")  # this process's 8 devices would not split the tiny batch of 4
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and f"{bad}:2: a record must be a JSON object" in lines[0], r.stderr[-2000:]
     assert "Traceback" not in r.stderr and not out.exists()
+    r = invoke("xpress_jax.train", f"--config.train.out_dir={out}", "--config.mesh.shape=(1,8,1)")
+    assert r.returncode == 2 and "train.batch_size=4 does not split over fsdp=8" in r.stderr and not out.exists()
     r = invoke("xpress_jax.eval", f"--checkpoints=dflash={tmp_path}", f"--out={tmp_path / 'eval' / 'x'}")
     assert r.returncode == 2 and "no config.json" in r.stderr and not (tmp_path / "eval").exists()

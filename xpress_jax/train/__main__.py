@@ -44,11 +44,10 @@ def main(config):
         print(json.dumps(report))
         return
     if not (os.environ.get("XPRESS_COORDINATOR") or config.train.distributed):
-        from xpress_jax.sharding import make_mesh, refuse_uneven_splits
-        from xpress_jax.train.setup import split_sizes
+        from xpress_jax.train.setup import refuse_uneven_mesh
         # a mesh these devices cannot hold, or one that cannot split the batch or the target's
         # heads, vocabulary or widths: refused before any file is written
-        refuse_uneven_splits(make_mesh(tuple(config.mesh.shape)), split_sizes(config))
+        refuse_uneven_mesh(config)
     cli.log_to_file(os.path.join(config.train.out_dir, "log.txt"))  # library INFO lines, off the console
     result = train(config)
     print(json.dumps({"step": result["step"], **{k: v for k, v in result["metrics"].items()

@@ -20,7 +20,7 @@ from xpress_jax.models.build import trainable_dtypes
 from xpress_jax.train import loop
 from xpress_jax.train import state as st
 from xpress_jax.train.distributed import maybe_initialize_distributed
-from xpress_jax.train.setup import Setup
+from xpress_jax.train.setup import Setup, refuse_uneven_mesh
 
 log = logging.getLogger("xpress_jax.train")
 
@@ -63,6 +63,7 @@ def train(config, *, stop_after: int | None = None) -> dict:
                           f"{'; '.join(changes)}. Use another train.out_dir, or set "
                           "train.allow_config_change=true to continue deliberately")
     maybe_initialize_distributed(config)
+    refuse_uneven_mesh(config)
     records = read_records(list(config.data.train_files))
     setup = Setup(config, abstract=False, num_records=len(records))
     tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, setup.drafter_cfg.vocab_size)

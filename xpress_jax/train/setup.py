@@ -37,6 +37,13 @@ def place(params: dict, axes: dict, mesh) -> tuple[dict, dict]:
     return placed, shardings
 
 
+def refuse_uneven_mesh(config) -> None:
+    """The config's mesh, refused in one line when it cannot split the batch, the heads, the
+    vocabulary or the widths (`sharding.refuse_uneven_splits`). Training and dry runs check it;
+    reading a run's checkpoints (export) on other devices need not."""
+    sharding.refuse_uneven_splits(sharding.make_mesh(tuple(config.mesh.shape)), split_sizes(config))
+
+
 def split_sizes(config) -> dict[str, tuple[str, int]]:
     """The config fields the mesh splits, with their logical axes (`sharding.refuse_uneven_splits`)."""
     arch = target_config(config)
@@ -62,7 +69,6 @@ class Setup:
     def __init__(self, config, *, abstract: bool, num_records: int | None = None):
         self.config = config
         self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
-        sharding.refuse_uneven_splits(self.mesh, split_sizes(config))
         target = build_target(config, mesh=self.mesh, abstract=abstract, scan=True)
         trainable = build_trainable(config, target.cfg, abstract=abstract)
         trainable.drafter.cfg.check_target(target.cfg)
@@ -133,6 +139,7 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
     chunk (the same work), since XLA counts a loop body once. A caller that knows the model
     FLOPs passes them and saves the one-device compile."""
+    refuse_uneven_mesh(config)
     setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
     gib = lambda b: round(b / 2**30, 3)  # noqa: E731
