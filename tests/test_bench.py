@@ -86,9 +86,16 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
         assert {"drafter_forward", "lm_head", "xpress_fold", "xpress_it8", "xpress_it4_top8"} <= set(result["seconds"])
         assert all(c["bound"] in ("compute", "memory") and c["gflops"] > 0 for c in result["costs"].values())
         assert 1 <= result["early_stop_iterations_random_weights"] <= 4
+        # the paper's unit and the H200 roofline: the iteration streams the rank-r readout once,
+        # a Markov block streams it at each of its n steps
+        roof = result["h200_roofline"]
+        assert result["per_iteration_s"] > 0 and roof["read_bytes_per_s"] == 4.8e12
+        assert roof["xpress_iteration_bound_s"] == roof["xpress_iteration_bytes"] / 4.8e12
+        assert roof["markov_block_bytes"] > 2 * roof["xpress_iteration_bytes"]
     for png in ("heads-latency_vs_iterations.png", "heads-draft_step.png"):
         assert os.path.getsize(tmp_path / png) > 0
     assert "XPress 4 iterations" in (tmp_path / "heads.log").read_text()
+    assert "at an H200's 4.8 TB/s" in (tmp_path / "heads.log").read_text()
 
     with open(tmp_path / "train.json") as f:
         train = json.load(f)

@@ -83,6 +83,12 @@ def run_heads(config, out: str) -> dict:
               f"{ratio['xpress_it4_early_stop']:.2f}x, top-32 {ratio['xpress_it4_top32']:.3f}x; "
               f"Markov {r['costs']['markov']['bound']}-bound; drafter forward {r['seconds']['drafter_forward'] * 1e3:.1f} ms, "
               f"LM head {r['seconds']['lm_head'] * 1e3:.1f} ms, Markov {r['seconds']['markov'] * 1e3:.1f} ms")
+        roof = r["h200_roofline"]
+        print(f"heads batch {batch}: a Jacobi iteration {r['per_iteration_s'] * 1e3:.2f} ms "
+              f"({r['per_iteration_vs_markov_block']:.2f} of a Markov block); it reads "
+              f"{roof['xpress_iteration_bytes'] / 1e6:.1f} MB, {roof['xpress_iteration_bound_s'] * 1e6:.2f} us at an "
+              f"H200's 4.8 TB/s (a Markov block: {roof['markov_block_bytes'] / 1e6:.1f} MB, "
+              f"{roof['markov_block_bound_s'] * 1e6:.2f} us)")
     return result
 
 

@@ -114,6 +114,19 @@ def drafter_forward(d: Shapes, params: int, block: int, context: int, layers: in
     return Cost(2.0 * d.batch * block * params + attn, params * d.weight_bytes + kv_read)
 
 
+H200_READ_BYTES_PER_S = 4.8e12  # NVIDIA's HBM3e figure for the H200: the bound a first GPU run is read against
+
+
+def h200_roofline(d: Shapes) -> dict:
+    """What an H200's memory bandwidth alone allows: one XPress Jacobi iteration (the readout
+    streamed once) and one Markov block (the readout streamed at each of its n steps), in bytes
+    and in seconds at 4.8 TB/s."""
+    iteration, markov = xpress_iteration(d).bytes, markov_serial(d).bytes
+    return {"read_bytes_per_s": H200_READ_BYTES_PER_S,
+            "xpress_iteration_bytes": iteration, "xpress_iteration_bound_s": iteration / H200_READ_BYTES_PER_S,
+            "markov_block_bytes": markov, "markov_block_bound_s": markov / H200_READ_BYTES_PER_S}
+
+
 def machine_peaks(reps: int = 5) -> dict:
     """Measured float32 matmul throughput (FLOP/s) and streaming read bandwidth (bytes/s)."""
     size = 2048

@@ -110,7 +110,12 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
         agreement = {f"top{k}": float(token_agreement(tokens("xpress_it4"), tokens(f"xpress_it4_top{k}")))
                      for k in TOP_K}
         markov = seconds["markov"]
+        # the paper's unit: the slope of a block's time over its Jacobi iterations, and a block
+        per_iteration = float(np.polyfit(JACOBI_K, [seconds[f"xpress_it{k}"] for k in JACOBI_K], 1)[0])
         out["batches"][str(batch)] = {
+            "per_iteration_s": per_iteration, "per_iteration_vs_markov_block": per_iteration / markov,
+            "block_it4_vs_markov_block": seconds["xpress_it4"] / markov,
+            "h200_roofline": costs.h200_roofline(d),
             "seconds": seconds,
             "ratio_to_markov": {k: v / markov for k, v in seconds.items()},
             "costs": {k: costs.bound(c, peaks, seconds[k]) for k, (_, _, c) in calls.items()},
