@@ -427,14 +427,16 @@ def test_layer_remat_recomputes_the_drafter_layers_and_changes_nothing_else(tmp_
         np.testing.assert_allclose(results["full"][1][k], v, atol=1e-6, err_msg=k)
 
 
-def test_under_tensor_parallelism_the_logits_stay_split_over_the_vocabulary(tmp_path):
-    """On a (1,1,8) tensor mesh the compiled step moves no vocabulary-sized array between devices:
-    CE, TV and the argmax reduce each device's slice of the logits, and only per-token partial
-    results ([.., devices]) and hidden states travel."""
+@pytest.mark.parametrize("mesh", ["(1,1,8)", "(1,4,2)"])
+def test_under_tensor_parallelism_the_logits_stay_split_over_the_vocabulary(tmp_path, mesh):
+    """On a tensor mesh, alone or with fsdp, the compiled step moves no vocabulary-sized array
+    between devices: CE, TV and the argmax reduce each device's slice of the logits, and only
+    per-token partial results ([.., devices]), hidden states and each device's vocabulary slice
+    of a gathered weight travel."""
     import re
     from xpress_jax.train.setup import Setup
     vocab = 512
-    config = train_config(tmp_path, **{"mesh.shape": "(1,1,8)", "data.max_len": "64",
+    config = train_config(tmp_path, **{"mesh.shape": mesh, "data.max_len": "64",
                                        "target.arch.vocab_size": str(vocab), "drafter.mask_token_id": str(vocab - 1),
                                        "target.arch.num_attention_heads": "8",  # 8 tensor devices split them
                                        "train.heads": "('xpress', 'markov')"})
