@@ -4,10 +4,11 @@
   the prompts (`shard_map` over a one-axis mesh, the weights replicated), with no collective
   inside the loop, and each device's loop ends when its own rows are done. This is how
   `xpress_jax.generate` uses every GPU of a host.
-- The tensor split (`tensor_mesh`, `place_on_tensor_mesh`): a target too large for one device has its heads,
-  MLP width and vocabulary split over a (1, 1, N) mesh by the training rules, its KV cache split
-  with its KV heads; the drafter and heads are replicated. `generate` sees the target's mesh and
-  pins the activations to it. Megatron-style: two all-reduces of the hidden state per layer.
+- The tensor split (`tensor_mesh`, `place_on_tensor_mesh`): a target too large for one device
+  has its heads, MLP width and vocabulary split over a (1, 1, N) mesh by the training rules, its
+  KV cache split with its KV heads; the drafter and heads are replicated. `generate` sees the
+  target's mesh and pins the activations to it. Megatron-style: two all-reduces of the hidden
+  state per layer.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def tensor_mesh(devices: int, cfg) -> Mesh | None:
     if devices == 1:
         return None
     local = jax.local_devices()
-    if devices > len(local):
+    if not 1 <= devices <= len(local):
         raise ConfigError(f"a target split over {devices} devices: this process has {len(local)}")
     mesh = sharding.make_mesh((1, 1, devices), local[:devices])
     sharding.refuse_uneven_splits(mesh, {"num_attention_heads": ("heads", cfg.num_attention_heads),
