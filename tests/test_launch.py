@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import portpicker
 
-from train_helpers import checkpoint_steps, final_params, override_args, train_config
+from train_helpers import checkpoint_steps, final_params, override_args, train_config, wait_for_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,11 +96,7 @@ def test_two_processes_agree_and_resume_bitwise_after_sigkill(tmp_path):
 
     straight = start_two_processes(tmp_path / "straight", *args)
     interrupted = start_two_processes(tmp_path / "interrupted", *args)
-    deadline = time.time() + 900
-    while max(checkpoint_steps(tmp_path / "interrupted") or [0]) < 3:
-        assert interrupted.poll() is None, interrupted.stderr.read()[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.1)
+    wait_for_checkpoint(interrupted, tmp_path / "interrupted", 3, timeout_s=900)
     os.killpg(interrupted.pid, signal.SIGKILL)  # the launcher and both processes
     interrupted.wait()
     assert max(checkpoint_steps(tmp_path / "interrupted")) < 12

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train_helpers import checkpoint_steps, final_params, override_args, train_config
+from train_helpers import checkpoint_steps, final_params, override_args, train_config, wait_for_checkpoint
 from xpress_jax.errors import CheckpointError, ConfigError, DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,11 +68,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     args = ("--config.train.steps=12", "--config.train.save_every=3")
     straight = start_train(tmp_path / "straight", *args)
     interrupted = start_train(tmp_path / "interrupted", *args)
-    deadline = time.time() + 600
-    while max(checkpoint_steps(tmp_path / "interrupted") or [0]) < 6:
-        assert interrupted.poll() is None, interrupted.stderr.read()[-2000:]
-        assert time.time() < deadline
-        time.sleep(0.2)
+    wait_for_checkpoint(interrupted, tmp_path / "interrupted", 6, timeout_s=600)
     interrupted.send_signal(signal.SIGKILL)
     interrupted.wait()
     assert max(checkpoint_steps(tmp_path / "interrupted")) < 12

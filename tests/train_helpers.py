@@ -27,6 +27,16 @@ def checkpoint_steps(out_dir):
     return sorted(int(d) for d in os.listdir(path) if d.isdigit()) if os.path.isdir(path) else []
 
 
+def wait_for_checkpoint(proc, out_dir, step: int, timeout_s: float) -> None:
+    """Returns once `out_dir` holds a checkpoint at `step` or later; fails if `proc` exits first."""
+    import time
+    deadline = time.time() + timeout_s
+    while max(checkpoint_steps(out_dir) or [0]) < step:
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, f"no checkpoint at step {step} in {out_dir} after {timeout_s} s"
+        time.sleep(0.1)
+
+
 def final_params(out_dir, **overrides):
     """(step, host parameters) of the newest checkpoint in a run directory, read in this process."""
     import jax
