@@ -187,3 +187,25 @@ def test_a_chunked_prefill_gives_the_same_tokens_in_a_fraction_of_the_memory():
     for b, n in enumerate([1024, 700]):  # the committed slots of every cache
         for x, y in ((cw.k[0], cc.k[0]), (cw.v[-1], cc.v[-1]), (xw.k[0], xc.k[0])):
             np.testing.assert_allclose(x[b, :n], y[b, :n], atol=1e-5)
+
+
+def test_prompts_compile_at_a_fixed_set_of_buckets_and_reuse_them():
+    """2,048-token prompts with buckets of 64 and prefill chunks of 512 compile at 11 lengths;
+    batches of other sizes and prompt lengths in one bucket reuse one compiled program and give
+    the tokens of an unpadded call."""
+    from xpress_jax.decoding.speculative import _decode, bucket_length, prompt_buckets
+    buckets = prompt_buckets(2048, 64, 512)
+    assert buckets == [64, 128, 192, 256, 320, 384, 448, 512, 1024, 1536, 2048]
+    for n in range(1, 2049):
+        padded = bucket_length(n, 64, 512)
+        assert padded >= n and padded in buckets and (padded <= 512 or padded % 512 == 0)
+    models = random_models("dflash", seed=4)
+    rng = np.random.default_rng(1)
+    batches = [[rng.integers(0, 48, n).tolist() for n in lengths] for lengths in ([5], [40, 9], [64, 1, 33])]
+    exact = [target_only(models, prompts, max_new_tokens=6).tokens for prompts in batches]
+    before = _decode._cache_size()
+    for prompts, tokens in zip(batches, exact):
+        padded = generate(SpecModels(models.target), prompts, decoder="target", max_new_tokens=6,
+                          pad_multiple=64, min_rows=4)
+        assert padded.tokens == tokens and len(padded.stopped) == len(prompts)
+    assert _decode._cache_size() == before + 1

@@ -98,16 +98,32 @@ def round_up(n: int, multiple: int) -> int:
     return -(-int(n) // multiple) * multiple
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads prompts to one length, rounded up to `multiple` (so one compiled program serves
-    many prompt lengths): ids [batch, padded], lengths [batch]. Refuses empty prompts."""
+def bucket_length(longest: int, multiple: int = 1, chunk: int = 0) -> int:
+    """The length a batch whose longest prompt has `longest` tokens is padded to: a multiple of
+    `multiple`, and whole prefill chunks once it is longer than one chunk (chunk 0: no chunking).
+    The decode loop compiles once per bucket (and batch size), so this is the compile key."""
+    padded = round_up(longest, multiple)
+    if chunk and padded > chunk:
+        padded = round_up(longest, math.lcm(multiple, chunk))
+    return padded
+
+
+def prompt_buckets(max_prompt: int, multiple: int = PROMPT_BUCKET, chunk: int = 0) -> list[int]:
+    """Every padded length prompts of 1..max_prompt tokens can get: the fixed set of prompt shapes
+    a run compiles (e.g. 11 for 2,048-token prompts, buckets of 64 and prefill chunks of 512)."""
+    return sorted({bucket_length(n, multiple, chunk) for n in range(1, max_prompt + 1)})
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, multiple: int = 1,
+                chunk: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads prompts to their bucket's length (`bucket_length`): ids [batch, padded],
+    lengths [batch]. Refuses empty prompts."""
     if not prompts:
         raise InputError("no prompts given")
     lengths = np.array([len(p) for p in prompts], np.int32)
     if lengths.min() == 0:
         raise InputError(f"prompt {int(np.argmin(lengths))} is empty; every prompt needs at least one token")
-    padded = round_up(lengths.max(), multiple)
-    ids = np.full((len(prompts), padded), pad_id, np.int32)
+    ids = np.full((len(prompts), bucket_length(lengths.max(), multiple, chunk)), pad_id, np.int32)
     for i, p in enumerate(prompts):
         ids[i, :len(p)] = p
     return ids, lengths
@@ -318,14 +334,16 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
 def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
              settings: DecodeSettings | None = None, max_len: int | None = None, pad_multiple: int = 1,
-             reject_drafts: bool = False, devices: int = 1, **knobs) -> Generation:
+             reject_drafts: bool = False, devices: int = 1, min_rows: int = 0, **knobs) -> Generation:
     """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
     temperature > 0 is speculative sampling, lossless in distribution. `settings` (or its fields as
     keyword arguments: max_iters, early_stop, top_k, branches) are the decoder's knobs.
     reject_drafts (greedy): the decoder's loop with every draft refused, i.e. target-only decoding
     through this decoder's verification pass (the exact lossless reference, docs/evaluation.md).
     devices > 1 splits the batch over this process's first `devices` devices (decoding/devices.py):
-    greedy output is the same; sampling draws from a key per device."""
+    greedy output is the same; sampling draws from a key per device. Prompts are padded to their
+    bucket (`bucket_length`, with `pad_multiple`), and the batch to at least `min_rows` rows with
+    copies of prompt 0, so a run's batches share a few compiled programs."""
     check_compatible(models, decoder)
     mesh, split = batch_mesh(devices), target_mesh(models)
     if mesh is not None and split is not None:
@@ -342,10 +360,7 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
         raise InputError(f"temperature must be >= 0, got {temperature}")
-    ids, lengths = pad_prompts(prompts, multiple=pad_multiple)
-    chunk = settings.prefill_chunk
-    if chunk and ids.shape[1] > chunk and ids.shape[1] % chunk:  # a long prompt: whole chunks
-        ids, lengths = pad_prompts(prompts, multiple=math.lcm(pad_multiple, chunk))
+    ids, lengths = pad_prompts(prompts, multiple=pad_multiple, chunk=settings.prefill_chunk)
     vocab = models.target.cfg.vocab_size
     if ids.max() >= vocab or ids.min() < 0:
         raise InputError(f"prompt token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
@@ -364,17 +379,17 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     graphdef, state = nnx.split(models)
     args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
             jnp.float32(temperature if temperature > 0 else 1.0))
+    rows = len(prompts)
+    extra = [0] * (round_up(max(rows, min_rows), mesh.size if mesh is not None else 1) - rows)
+    ids, lengths = np.concatenate([ids, ids[extra]]), np.concatenate([lengths, lengths[extra]])
     if split is not None:
         buf, n_out, stopped, stats = decode_tensor_split(_decode_loop, graphdef, state, jnp.asarray(ids),
                                                          jnp.asarray(lengths), *args, opts, split)
     elif mesh is None:
         buf, n_out, stopped, stats = _decode(graphdef, state, jnp.asarray(ids), jnp.asarray(lengths), *args, opts)
-    else:  # every device gets as many rows: the extra ones repeat prompt 0 and are dropped
-        extra = [0] * (round_up(len(prompts), mesh.size) - len(prompts))
-        ids, lengths = np.concatenate([ids, ids[extra]]), np.concatenate([lengths, lengths[extra]])
+    else:  # every device gets as many rows
         buf, n_out, stopped, stats = decode_batch_split(_decode_loop, graphdef, replicate(state, mesh),
                                                         jnp.asarray(ids), jnp.asarray(lengths), *args, opts, mesh)
-    rows = len(prompts)
     buf, n_out = np.asarray(buf), np.asarray(n_out)
     return Generation(tokens=[buf[i, :n_out[i]].tolist() for i in range(rows)],
                       stopped=[bool(s) for s in np.asarray(stopped)[:rows]],

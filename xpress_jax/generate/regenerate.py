@@ -28,10 +28,11 @@ def done_ids(path: str) -> set[str]:
 
 
 def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int, max_prompt: int,
-                     devices: int = 1) -> list:
+                     devices: int = 1, rows: int = 0) -> list:
     """Replaces the assistant turns of several records, turn by turn; each turn's prompts decode
-    together (one jitted call split over `devices`, prompt lengths bucketed to 64 so compiles are
-    reused)."""
+    together in one jitted call split over `devices`. The call is padded to `rows` rows and its
+    prompts to their bucket (`prompt_buckets`), so a run compiles once per bucket, whatever its
+    turn counts and prompt lengths."""
     turns = [normalise_messages(r) for r in records]
     outs: list[list | None] = [[] for _ in records]
     cursor = [0] * len(records)
@@ -54,7 +55,8 @@ def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int,
         if not prompts:
             break
         replies = generate(SpecModels(model), prompts, decoder="target", max_new_tokens=max_new,
-                           stop_ids=stops, pad_multiple=PROMPT_BUCKET, devices=devices).tokens
+                           stop_ids=stops, pad_multiple=PROMPT_BUCKET, devices=devices,
+                           min_rows=rows).tokens
         for i, reply in zip(owners, replies):
             outs[i].append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
             cursor[i] += 1
@@ -93,7 +95,8 @@ def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max
         bar = tqdm(total=len(todo), desc="regenerate", dynamic_ncols=True)
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
-            for new in regenerate_batch(model, tokenizer, chunk, stops, max_new_tokens, max_prompt_tokens, devices):
+            for new in regenerate_batch(model, tokenizer, chunk, stops, max_new_tokens, max_prompt_tokens, devices,
+                                        rows=batch_size):
                 if new is None:
                     skipped += 1
                 else:
