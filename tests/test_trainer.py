@@ -383,6 +383,8 @@ def test_the_dry_run_proves_the_work_is_split_and_meshes_that_cannot_split_it_ar
     report = dry_run(config)
     assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
     assert 0.9 <= report["flops_ratio"] <= 1.15, report
+    # no f32 vocabulary-sized array beyond one anchor chunk's logits (8 anchors in chunks of 4)
+    assert 0 < report["largest_vocab_f32_bytes"] <= report["chunk_logits_bytes"] == 4 * 2 * 4 * 5 * 300, report
     for mesh, field, message in (
             ("(1,8,1)", {"train.batch_size": "4"}, "train.batch_size=4 does not split over fsdp=8 (8 devices)"),
             ("(1,4,2)", {"target.arch.vocab_size": "301"}, "target.arch.vocab_size=301 does not split over tensor=2"),

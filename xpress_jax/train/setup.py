@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +125,14 @@ def compiled_flops(compiled) -> float | None:
     return float(flops) if flops is not None else None
 
 
+def largest_f32_bytes(hlo_text: str, axis_size: int, except_shape: tuple[int, ...] = ()) -> int:
+    """Bytes of the largest f32 array in a compiled program's HLO that has an axis of `axis_size`,
+    other than arrays of `except_shape` (in any axis order). Arrays inside fusions count too, so
+    this bounds what a device holds at once."""
+    shapes = [tuple(int(d) for d in dims.split(",")) for dims in re.findall(r"f32\[([\d,]+)\]", hlo_text)]
+    return 4 * max((math.prod(s) for s in shapes if axis_size in s and sorted(s) != sorted(except_shape)), default=0)
+
+
 def compile_step(config):
     """The train step compiled on abstract arrays (no weights, no data): (Setup, compiled)."""
     setup = Setup(config, abstract=True)
@@ -138,7 +147,8 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     splits the work, up to the device count when every device repeats it. Memory comes from the
     step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
     chunk (the same work), since XLA counts a loop body once. A caller that knows the model
-    FLOPs passes them and saves the one-device compile."""
+    FLOPs passes them and saves the one-device compile. `largest_vocab_f32_bytes` is at most
+    `chunk_logits_bytes` when no f32 logits beyond one anchor chunk's are held."""
     refuse_uneven_mesh(config)
     setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
@@ -153,6 +163,16 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
                       alias_gib=gib(mem.alias_size_in_bytes), temp_gib=gib(mem.temp_size_in_bytes),
                       peak_gib=gib(mem.argument_size_in_bytes + mem.output_size_in_bytes
                                    - mem.alias_size_in_bytes + mem.temp_size_in_bytes))
+    # the losses hold f32 [tokens, vocab] arrays of one anchor chunk at a time: the largest such
+    # array in the program against one chunk's logits [local batch, chunk, n, local vocab]. The
+    # [vocab, hidden] output projection is a weight, not logits (the CPU compiler upcasts it to f32).
+    t, mesh, arch = config.train, setup.mesh.shape, target_config(config)
+    local_vocab = arch.vocab_size // mesh["tensor"]
+    rows = t.batch_size // (mesh["data"] * mesh["fsdp"]) * min(t.anchor_chunk, t.num_anchors) \
+        * (setup.drafter_cfg.block_size - 1)
+    report.update(chunk_logits_bytes=4 * rows * local_vocab,
+                  largest_vocab_f32_bytes=largest_f32_bytes(compiled.as_text(), local_vocab,
+                                                            except_shape=(local_vocab, arch.hidden_size)))
     counted = copy.deepcopy(config)
     with counted.unlocked():
         counted.train.anchor_chunk = config.train.num_anchors
