@@ -31,9 +31,9 @@ def test_eight_devices_decode_the_same_tokens_as_one():
 def test_each_of_eight_devices_does_an_eighth_of_the_work_with_no_collective():
     models = random_models("xpress")
     graphdef, state = nnx.split(models)
-    opts = DecodeOptions(decoder="xpress", max_new_tokens=24, max_len=64, settings=DecodeSettings())
+    opts = DecodeOptions(decoder="xpress", max_len=64, settings=DecodeSettings())
     ids, lengths = jnp.zeros((16, 16), jnp.int32), jnp.full((16,), 8, jnp.int32)
-    rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0))
+    rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(24))
     mesh = batch_mesh(8)
     one = _decode.lower(graphdef, state, ids, lengths, *rest, opts).compile()
     split = decode_batch_split.lower(_decode_loop, graphdef, replicate(state, mesh), ids, lengths, *rest, opts,
@@ -97,9 +97,9 @@ def test_a_target_split_over_four_devices_decodes_the_same_tokens_with_a_quarter
     # target-only decoding at batch 1: each device computes a quarter and holds a quarter of the
     # weights and of the cache; the only collectives are the hidden state's all-reduces and the
     # vocabulary-split argmax's few values
-    opts = DecodeOptions(decoder="target", max_new_tokens=16, max_len=64, settings=DecodeSettings())
+    opts = DecodeOptions(decoder="target", max_len=64, settings=DecodeSettings())
     ids, lengths = jnp.zeros((1, 16), jnp.int32), jnp.full((1,), 8, jnp.int32)
-    rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0))
+    rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(16))
     whole = _decode.lower(*nnx.split(one), ids, lengths, *rest, opts).compile()
     parts = decode_tensor_split.lower(_decode_loop, *nnx.split(split), ids, lengths, *rest, opts, mesh).compile()
     ratio = {k: getattr(parts.memory_analysis(), k) / getattr(whole.memory_analysis(), k)

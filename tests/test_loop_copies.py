@@ -15,7 +15,7 @@ from xpress_jax.decoding.speculative import DecodeOptions, SpecModels, _decode
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
 
-SLOTS = 53  # a cache length no other array in the program has
+SLOTS = 53  # a cache length no other f32 array in the program has
 # the fusion emitters users compile with (the suite turns them off to compile faster, tests/conftest.py)
 PRODUCTION_FUSION = {"xla_cpu_use_fusion_emitters": True}
 
@@ -42,10 +42,10 @@ def test_no_cache_copies_inside_the_decode_loop(decoder, settings, batch):
     target = redraw(Qwen3(tcfg, rngs=nnx.Rngs(0)), 0)
     dcfg = DrafterConfig.from_target(tcfg, num_layers=2, block_size=4, mask_token_id=63)
     models = SpecModels(target, redraw(DFlashDrafter(dcfg, rngs=nnx.Rngs(1)), 1))
-    opts = DecodeOptions(decoder=decoder, max_new_tokens=16, greedy=True, max_len=SLOTS, settings=settings)
+    opts = DecodeOptions(decoder=decoder, greedy=True, max_len=SLOTS, settings=settings)
     graphdef, state = nnx.split(models)
     lowered = _decode.lower(graphdef, state, jnp.ones((batch, 8), jnp.int32), jnp.full((batch,), 8, jnp.int32),
-                            jnp.array([1], jnp.int32), jax.random.key(0), jnp.float32(1.0), opts)
+                            jnp.array([1], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(16), opts)
     hlo = lowered.compile(PRODUCTION_FUSION).as_text()
     body = loop_body(hlo)
     cache_buffer = re.compile(r"= f32\[[0-9,]*\b%d\b[0-9,]*\]\{[0-9,]*\} copy\(" % SLOTS)

@@ -191,8 +191,8 @@ def test_a_chunked_prefill_gives_the_same_tokens_in_a_fraction_of_the_memory():
 
 def test_prompts_compile_at_a_fixed_set_of_buckets_and_reuse_them():
     """2,048-token prompts with buckets of 64 and prefill chunks of 512 compile at 11 lengths;
-    batches of other sizes and prompt lengths in one bucket reuse one compiled program and give
-    the tokens of an unpadded call."""
+    batches of other sizes, prompt lengths in one bucket and token budgets reuse one compiled
+    program and give the tokens of an unpadded call."""
     from xpress_jax.decoding.speculative import _decode, bucket_length, prompt_buckets
     buckets = prompt_buckets(2048, 64, 512)
     assert buckets == [64, 128, 192, 256, 320, 384, 448, 512, 1024, 1536, 2048]
@@ -208,4 +208,9 @@ def test_prompts_compile_at_a_fixed_set_of_buckets_and_reuse_them():
         padded = generate(SpecModels(models.target), prompts, decoder="target", max_new_tokens=6,
                           pad_multiple=64, min_rows=4)
         assert padded.tokens == tokens and len(padded.stopped) == len(prompts)
+    # the token budget is traced and the cache rounded up to 64 slots: smaller budgets run the same program
+    for budget in (1, 3):
+        short = generate(SpecModels(models.target), batches[2], decoder="target", max_new_tokens=budget,
+                         pad_multiple=64, min_rows=4)
+        assert short.tokens == [t[:budget] for t in exact[2]] and short.stats["per_step"].shape == (3, budget)
     assert _decode._cache_size() == before + 1

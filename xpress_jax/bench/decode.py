@@ -8,7 +8,8 @@ XPress is timed at fixed iteration counts (early stop off), because how soon its
 point does depend on trained weights.
 
 Per-step cost = (time to decode N tokens - time to decode 1 token) / (steps of the N-token run):
-the 1-token run has the same prefill and dispatch but never enters the loop, so both cancel. Each
+the 1-token run is the same compiled program (the token budget is traced), so it has the same
+prefill and dispatch but never enters the loop, and both cancel. Each
 time is the fastest of its repetitions, not the median: load from elsewhere only adds time, and a
 difference of two timings wants the least disturbed run of each.
 """

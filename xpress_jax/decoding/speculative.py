@@ -50,9 +50,10 @@ class DecodeOptions:
     """Static settings: each distinct value compiles once."""
 
     decoder: str = "dflash"  # one of methods.DECODERS
-    max_new_tokens: int = 256
     greedy: bool = True
-    max_len: int = 0  # cache slots
+    # cache slots, and the bound of the output buffer: the token budget is a traced argument, so
+    # runs that differ only in max_new_tokens share one program (the decode benchmark's 1-token run)
+    max_len: int = 0
     settings: DecodeSettings = DecodeSettings()  # Jacobi K, early stop, candidates, D-Loop branches
     # every draft refused: each step commits the target's token from row 0 of the decoder's own
     # verification pass, so this is target-only decoding with the verify pass's shapes (greedy)
@@ -73,7 +74,7 @@ class DecodeStats:
     drafter_repeats: jax.Array  # [batch]
     prefix_kept: jax.Array  # [batch] D-Loop: pass-1 tokens kept by the verified branch, summed over steps
     empty_prefix: jax.Array  # [batch] D-Loop: steps whose verified branch kept no prefix (pass 2 = pass 1)
-    per_step: jax.Array  # [batch, max_new_tokens] tokens committed by each verification step (0 after the last)
+    per_step: jax.Array  # [batch, max_len] (generate keeps max_new_tokens) tokens committed by each verification step (0 after the last)
 
 
 @dataclasses.dataclass
@@ -206,7 +207,7 @@ def verify_block(target: Qwen3, tcache, last, draft, taps):
     return target(jnp.concatenate([last[:, None], draft], axis=1), cache=tcache, tap_layers=taps)
 
 
-def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, opts: DecodeOptions):
+def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, opts: DecodeOptions):
     models = nnx.merge(graphdef, state)
     target, drafter, head = models.target, models.drafter, models.head
     batch = prompt.shape[0]
@@ -217,7 +218,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
     # block's draft are exactly these
     m = opts.settings.drafted(block)
     taps = () if drafter is None else drafter.cfg.target_layer_ids
-    max_new = opts.max_new_tokens
+    capacity = opts.max_len  # no run commits more tokens than its cache holds; max_new [] int32 is traced
 
     # prefill: the prompt through the target; its first token; the drafter's context
     last_logits, tcache, ctx = prefill(target, drafter, prompt, prompt_lens, opts.max_len,
@@ -228,13 +229,13 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
         first = jnp.argmax(last_logits, -1).astype(jnp.int32)
     else:
         first = jax.random.categorical(k_first, last_logits / temperature).astype(jnp.int32)
-    buf = jnp.full((batch, max_new + block), PAD, jnp.int32).at[:, 0].set(first)
+    buf = jnp.full((batch, capacity + block), PAD, jnp.int32).at[:, 0].set(first)
     done = _is_stop(first, stop_ids) | (max_new <= 1)
     stats = DecodeStats(steps=jnp.zeros((batch,), jnp.int32), committed=jnp.zeros((batch,), jnp.int32),
                         accepted_at=jnp.zeros((batch, n), jnp.int32), iterations=jnp.zeros((batch,), jnp.int32),
                         draft_repeats=jnp.zeros((batch,), jnp.int32), drafter_repeats=jnp.zeros((batch,), jnp.int32),
                         prefix_kept=jnp.zeros((batch,), jnp.int32), empty_prefix=jnp.zeros((batch,), jnp.int32),
-                        per_step=jnp.zeros((batch, max_new), jnp.int32))
+                        per_step=jnp.zeros((batch, capacity), jnp.int32))
     slots = jnp.arange(m + 1, dtype=jnp.int32)  # the verified block: last + m drafts
 
     loop = DECODERS[opts.decoder].loop
@@ -296,7 +297,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
             ctx = drafter.extend_context(ctx, verify.taps, num_new=produced)
         last = jnp.where(produced > 0, _row(new, jnp.maximum(produced - 1, 0)), last)
         counted = active.astype(jnp.int32)
-        rows, trace_at = jnp.arange(batch), jnp.minimum(stats.steps, max_new - 1)
+        rows, trace_at = jnp.arange(batch), jnp.minimum(stats.steps, capacity - 1)
         stats = DecodeStats(
             steps=stats.steps + counted, committed=stats.committed + produced,
             accepted_at=stats.accepted_at + counted[:, None] * (acc[:, None] > jnp.arange(n)[None, :]),
@@ -342,8 +343,9 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     through this decoder's verification pass (the exact lossless reference, docs/evaluation.md).
     devices > 1 splits the batch over this process's first `devices` devices (decoding/devices.py):
     greedy output is the same; sampling draws from a key per device. Prompts are padded to their
-    bucket (`bucket_length`, with `pad_multiple`), and the batch to at least `min_rows` rows with
-    copies of prompt 0, so a run's batches share a few compiled programs."""
+    bucket (`bucket_length`, with `pad_multiple`), the batch to at least `min_rows` rows with
+    copies of prompt 0, and the default cache (max_len) to a multiple of 64 slots, so a run's
+    batches and token budgets share a few compiled programs."""
     check_compatible(models, decoder)
     mesh, split = batch_mesh(devices), target_mesh(models)
     if mesh is not None and split is not None:
@@ -369,16 +371,17 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     branches = settings.branches
     width = block * branches  # the tokens one verification writes past the committed ones
     need = int(lengths.max()) + max_new_tokens + width
-    max_len = max_len or ids.shape[1] + max_new_tokens + width
+    # the cache rounded up like prompts: budgets that differ by a few tokens share one program
+    max_len = max_len or round_up(ids.shape[1] + max_new_tokens + width, PROMPT_BUCKET)
     if need > max_len:
         raise InputError(f"the longest prompt has {int(lengths.max())} tokens; with max_new_tokens={max_new_tokens} "
                          f"and {branches} block(s) of {block} it needs {need} cache slots but the cache holds {max_len}")
     max_len = max(max_len, ids.shape[1])  # the padded prefill must fit too
-    opts = DecodeOptions(decoder=decoder, max_new_tokens=max_new_tokens, greedy=temperature == 0,
+    opts = DecodeOptions(decoder=decoder, greedy=temperature == 0,
                          max_len=max_len, settings=settings, reject_drafts=reject_drafts)
     graphdef, state = nnx.split(models)
     args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
-            jnp.float32(temperature if temperature > 0 else 1.0))
+            jnp.float32(temperature if temperature > 0 else 1.0), jnp.int32(max_new_tokens))
     rows = len(prompts)
     extra = [0] * (round_up(max(rows, min_rows), mesh.size if mesh is not None else 1) - rows)
     ids, lengths = np.concatenate([ids, ids[extra]]), np.concatenate([lengths, lengths[extra]])
@@ -393,7 +396,8 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     buf, n_out = np.asarray(buf), np.asarray(n_out)
     return Generation(tokens=[buf[i, :n_out[i]].tolist() for i in range(rows)],
                       stopped=[bool(s) for s in np.asarray(stopped)[:rows]],
-                      stats={k: np.asarray(v)[:rows] for k, v in dataclasses.asdict(stats).items()})
+                      stats={k: np.asarray(v)[:rows, :max_new_tokens] if k == "per_step" else np.asarray(v)[:rows]
+                             for k, v in dataclasses.asdict(stats).items()})
 
 
 def generate_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
