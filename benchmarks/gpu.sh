@@ -96,7 +96,7 @@ if [ $dry_run = 1 ]; then
     --checkpoint=$dflash --decoders=dflash --datasets=gsm8k --num_prompts=2 --max_new_tokens=16 \
     --config.eval.iteration_sweep="()" --config.eval.time_split=false --check_lossless --out="$out/e2e"
   stage train 180 python -m xpress_jax.bench --suite=train --config=$tiny --train_config=$tiny --train_steps=1 \
-    --scaling_devices=4 --out="$out"
+    --anchor_chunks=4 --frozen_heads=markov --scaling_devices=4 --out="$out"
 else
   stage parity 180 python -m pytest -q "${parity_tests[@]}"
   stage decode 120 python -m xpress_jax.bench --suite=decode --decode_config=configs/qwen3_8b.py --contexts=1024 \

@@ -276,7 +276,7 @@ def test_the_verify_pass_reference_is_exact_in_bf16():
     pass: in f32 it is one-token target-only decoding token for token; in bf16 it is the method's
     output token for token, at an acceptance where rows past 0 decide most tokens. One-token
     decoding runs other matmul shapes, and where it parts from the method in bf16 it is at a
-    near-tie of the target (on this CPU: 2 of these 16 prompts, margins 0.03 and 0.05)."""
+    near-tie of the target (on this CPU: 3 of these 8 prompts, margins below 0.04)."""
     import jax.numpy as jnp
     from xpress_jax import assets
     from xpress_jax.checkpoints.hf_drafter import load_drafter
@@ -287,7 +287,7 @@ def test_the_verify_pass_reference_is_exact_in_bf16():
     from xpress_jax.eval.evaluate import lossless_check
     tok = load_tokenizer(assets.TINY_TARGET)
     stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in load_questions("gsm8k", 16)]
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in load_questions("gsm8k", 16)[8:]]
     kw = dict(max_new_tokens=64, stop_ids=stops, pad_multiple=64)
 
     def models(dtype):

@@ -58,6 +58,10 @@ flags.DEFINE_list("verify_tokens", ["0"], "decode: draft tokens the target verif
 flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.",
                     flag_values=FLAGS)
 flags.DEFINE_integer("train_steps", 5, "train: timed steps per variant.", flag_values=FLAGS)
+flags.DEFINE_list("anchor_chunks", [], "train: anchor-chunk sizes each timed with and without rematerialisation; "
+                  "default all of --train_config's anchors and a quarter of them.", flag_values=FLAGS)
+flags.DEFINE_list("frozen_heads", ["markov", "xpress"], "train: heads whose step on a frozen drafter is timed "
+                  "against the same step with a backward pass through the drafter.", flag_values=FLAGS)
 flags.DEFINE_list("scaling_devices", ["1", "2", "4", "8"], "train: simulated device counts (at most 8) of the "
                   "--config step's strong and weak scaling table.", flag_values=FLAGS)
 
@@ -138,8 +142,8 @@ def run_train(config_path: str, out: str) -> dict:
     from xpress_jax.bench import train
     from xpress_jax.bench.scaling import scaling_table
     from xpress_jax.report import plots
-    result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps,
-                         scaling_devices=scaling_devices())
+    result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps, chunks=anchor_chunks(),
+                         heads=frozen_heads(), scaling_devices=scaling_devices())
     for name, v in result["variants"].items():
         print(f"train {name}: {v['tokens_per_s']:.0f} tokens/s ({v['relative_to_fastest']:.2f} of the fastest)")
     for head, v in result["frozen_drafter"].items():
@@ -160,6 +164,20 @@ def scaling_devices() -> list[int]:
     return [int(n) for n in counts]
 
 
+def anchor_chunks() -> list[int]:
+    if not all(n.isdigit() and int(n) >= 1 for n in FLAGS.anchor_chunks):
+        raise InputError(f"--anchor_chunks={','.join(FLAGS.anchor_chunks)}: expected positive anchor counts")
+    return [int(n) for n in FLAGS.anchor_chunks]
+
+
+def frozen_heads() -> list[str]:
+    from xpress_jax.methods import HEADS
+    unknown = sorted(set(FLAGS.frozen_heads) - set(HEADS))
+    if unknown:
+        raise InputError(f"--frozen_heads: unknown heads {unknown}; choose from {', '.join(HEADS)}")
+    return list(FLAGS.frozen_heads)
+
+
 def _earlier(out: str, suite: str) -> dict | None:
     """A suite's results written to `out` by an earlier run (the e2e projection reads heads')."""
     path = os.path.join(out, f"{suite}.json")
@@ -175,7 +193,7 @@ def main(config):
     config_path = cli.config_file(FLAGS)
     suites = SUITES if FLAGS.suite == "all" else (FLAGS.suite,)
     if "train" in suites:
-        scaling_devices()  # refused before any suite runs
+        scaling_devices(), anchor_chunks(), frozen_heads()  # refused before any suite runs
     results = {}
     for suite in suites:
         if suite == "heads":
