@@ -193,7 +193,8 @@ def test_prompts_compile_at_a_fixed_set_of_buckets_and_reuse_them():
     """2,048-token prompts with buckets of 64 and prefill chunks of 512 compile at 11 lengths;
     batches of other sizes, prompt lengths in one bucket and token budgets reuse one compiled
     program and give the tokens of an unpadded call."""
-    from xpress_jax.decoding.speculative import _decode, bucket_length, prompt_buckets
+    from xpress_jax.decoding.padding import bucket_length, prompt_buckets
+    from xpress_jax.decoding.speculative import _decode
     buckets = prompt_buckets(2048, 64, 512)
     assert buckets == [64, 128, 192, 256, 320, 384, 448, 512, 1024, 1536, 2048]
     for n in range(1, 2049):

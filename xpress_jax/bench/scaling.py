@@ -31,7 +31,7 @@ def scaling(config_path: str, devices=DEVICES) -> dict:
     (1.0: no work repeated). The global batch of the strong rows is the config's, rounded up to
     a multiple of the largest device count; the weak rows give each device that batch's share."""
     from xpress_jax.cli import load_config, with_overrides
-    from xpress_jax.decoding.speculative import round_up
+    from xpress_jax.decoding.padding import round_up
     from xpress_jax.sharding import subset_meshes_expected
     from xpress_jax.train.setup import dry_run
     devices = sorted(devices)

@@ -14,8 +14,8 @@ from flax import nnx
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import (SpecModels, draft_block, fold_head, pad_prompts, prefill,
-                                             verify_block)
+from xpress_jax.decoding.padding import pad_prompts
+from xpress_jax.decoding.speculative import SpecModels, draft_block, fold_head, prefill, verify_block
 from xpress_jax.methods import DECODERS, HEAD_OF
 from xpress_jax.timing import median_seconds
 

@@ -14,7 +14,6 @@ but not yet run through the target (it is slot 0 of the next block).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import jax
@@ -25,6 +24,7 @@ from flax import nnx, struct
 from xpress_jax.decoding.devices import (batch_mesh, decode_batch_split, decode_tensor_split, replicate,
                                          target_mesh)
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
+from xpress_jax.decoding.padding import PROMPT_BUCKET, pad_prompts, round_up
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.verify import greedy_accept, gumbel_noise, speculative_accept
@@ -88,46 +88,6 @@ class Generation:
         """Mean tokens per verification step (acc + 1, bonus included), over the whole batch."""
         steps = self.stats["steps"].sum()
         return float(self.stats["committed"].sum() / steps) if steps else float("nan")
-
-
-# prompt lengths are padded up to a multiple of this, so a few compiled programs serve every prompt
-PROMPT_BUCKET = 64
-
-
-def round_up(n: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` that is >= n: the one padding rule."""
-    return -(-int(n) // multiple) * multiple
-
-
-def bucket_length(longest: int, multiple: int = 1, chunk: int = 0) -> int:
-    """The length a batch whose longest prompt has `longest` tokens is padded to: a multiple of
-    `multiple`, and whole prefill chunks once it is longer than one chunk (chunk 0: no chunking).
-    The decode loop compiles once per bucket (and batch size), so this is the compile key."""
-    padded = round_up(longest, multiple)
-    if chunk and padded > chunk:
-        padded = round_up(longest, math.lcm(multiple, chunk))
-    return padded
-
-
-def prompt_buckets(max_prompt: int, multiple: int = PROMPT_BUCKET, chunk: int = 0) -> list[int]:
-    """Every padded length prompts of 1..max_prompt tokens can get: the fixed set of prompt shapes
-    a run compiles (e.g. 11 for 2,048-token prompts, buckets of 64 and prefill chunks of 512)."""
-    return sorted({bucket_length(n, multiple, chunk) for n in range(1, max_prompt + 1)})
-
-
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, multiple: int = 1,
-                chunk: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads prompts to their bucket's length (`bucket_length`): ids [batch, padded],
-    lengths [batch]. Refuses empty prompts."""
-    if not prompts:
-        raise InputError("no prompts given")
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    if lengths.min() == 0:
-        raise InputError(f"prompt {int(np.argmin(lengths))} is empty; every prompt needs at least one token")
-    ids = np.full((len(prompts), bucket_length(lengths.max(), multiple, chunk)), pad_id, np.int32)
-    for i, p in enumerate(prompts):
-        ids[i, :len(p)] = p
-    return ids, lengths
 
 
 def _is_stop(tokens, stop_ids):

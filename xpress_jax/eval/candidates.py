@@ -12,7 +12,8 @@ from flax import nnx
 
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, round_up
+from xpress_jax.decoding.padding import PROMPT_BUCKET, round_up
+from xpress_jax.decoding.speculative import SpecModels
 from xpress_jax.models.drafter import block_inputs
 
 

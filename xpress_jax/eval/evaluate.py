@@ -18,7 +18,8 @@ from tqdm import tqdm
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.profile import component_times
 from xpress_jax.decoding.devices import place_on_tensor_mesh, tensor_mesh
-from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate, round_up
+from xpress_jax.decoding.padding import PROMPT_BUCKET, round_up
+from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import InputError
 from xpress_jax.eval.candidates import candidate_mode_agreement
 from xpress_jax.eval.metrics import compare_to_reference, summarise

@@ -16,7 +16,8 @@ from xpress_jax.data.chat import normalise_messages, prompt_ids
 from xpress_jax.data.dataset import read_records
 from xpress_jax.decoding.devices import batch_mesh, place_on_tensor_mesh, replicate, tensor_mesh
 from xpress_jax.errors import InputError
-from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate
+from xpress_jax.decoding.padding import PROMPT_BUCKET
+from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.models.build import build_target, target_config
 
 

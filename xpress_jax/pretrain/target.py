@@ -120,7 +120,8 @@ def distinct_ngram_ratio(tokens: list[int], n: int) -> float:
 def greedy_report(model: Qwen3, tokenizer, records, *, max_new_tokens: int, n: int = 4) -> dict:
     """Greedy answers to validation questions: distinct n-gram ratios and a few examples."""
     from xpress_jax.data.chat import normalise_messages, prompt_ids
-    from xpress_jax.decoding.speculative import PROMPT_BUCKET, SpecModels, generate
+    from xpress_jax.decoding.padding import PROMPT_BUCKET
+    from xpress_jax.decoding.speculative import SpecModels, generate
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     questions = [normalise_messages(r)[0]["content"] for r in records]
     prompts = [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
