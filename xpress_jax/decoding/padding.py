@@ -1,5 +1,5 @@
-"""The one padding rule: prompts padded to a few bucket lengths, batches and caches rounded up,
-so a run compiles a fixed, small set of decode programs."""
+"""The one padding rule: prompts padded to a few bucket lengths and batches rounded up, so a run
+compiles a fixed, small set of decode programs."""
 
 from __future__ import annotations
 

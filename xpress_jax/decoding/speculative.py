@@ -24,7 +24,7 @@ from flax import nnx, struct
 from xpress_jax.decoding.devices import (batch_mesh, decode_batch_split, decode_tensor_split, replicate,
                                          target_mesh)
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
-from xpress_jax.decoding.padding import PROMPT_BUCKET, pad_prompts, round_up
+from xpress_jax.decoding.padding import pad_prompts, round_up
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.verify import greedy_accept, gumbel_noise, speculative_accept
@@ -303,9 +303,9 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     through this decoder's verification pass (the exact lossless reference, docs/evaluation.md).
     devices > 1 splits the batch over this process's first `devices` devices (decoding/devices.py):
     greedy output is the same; sampling draws from a key per device. Prompts are padded to their
-    bucket (`bucket_length`, with `pad_multiple`), the batch to at least `min_rows` rows with
-    copies of prompt 0, and the default cache (max_len) to a multiple of 64 slots, so a run's
-    batches and token budgets share a few compiled programs."""
+    bucket (`bucket_length`, with `pad_multiple`), and the batch to at least `min_rows` rows with
+    copies of prompt 0, so a run's batches share a few compiled programs; calls with one max_len
+    share a program whatever their max_new_tokens (the budget is traced)."""
     check_compatible(models, decoder)
     mesh, split = batch_mesh(devices), target_mesh(models)
     if mesh is not None and split is not None:
@@ -331,8 +331,7 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     branches = settings.branches
     width = block * branches  # the tokens one verification writes past the committed ones
     need = int(lengths.max()) + max_new_tokens + width
-    # the cache rounded up like prompts: budgets that differ by a few tokens share one program
-    max_len = max_len or round_up(ids.shape[1] + max_new_tokens + width, PROMPT_BUCKET)
+    max_len = max_len or ids.shape[1] + max_new_tokens + width
     if need > max_len:
         raise InputError(f"the longest prompt has {int(lengths.max())} tokens; with max_new_tokens={max_new_tokens} "
                          f"and {branches} block(s) of {block} it needs {need} cache slots but the cache holds {max_len}")
