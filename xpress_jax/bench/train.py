@@ -1,9 +1,9 @@
 """The `train` suite: throughput of the jitted train step on a small config with and without
 rematerialisation at anchor-chunk sizes (by default all anchors and a quarter of them; measured
-side by side on the same batch); a head's step on a frozen drafter (train.trainable=heads) against the same step with a backward
-pass through the drafter; and a large config's strong and weak scaling on 1 to 8 simulated
-devices, per-device memory and FLOPs of the compiled step (`bench/scaling.py`: abstract arrays,
-no weights are allocated)."""
+side by side on the same batch); a head's step on a frozen drafter (train.trainable=heads)
+against the same step with a backward pass through the drafter; and a large config's strong
+and weak scaling on 1 to 8 simulated devices, per-device memory and FLOPs of the compiled step
+(`bench/scaling.py`: abstract arrays, no weights are allocated)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,9 @@ class DecodeStats:
     drafter_repeats: jax.Array  # [batch]
     prefix_kept: jax.Array  # [batch] D-Loop: pass-1 tokens kept by the verified branch, summed over steps
     empty_prefix: jax.Array  # [batch] D-Loop: steps whose verified branch kept no prefix (pass 2 = pass 1)
-    per_step: jax.Array  # [batch, max_len] (generate keeps max_new_tokens) tokens committed by each verification step (0 after the last)
+    # [batch, max_len] tokens committed by each verification step (0 after the last); generate
+    # returns the first max_new_tokens columns
+    per_step: jax.Array
 
 
 @dataclasses.dataclass
@@ -336,8 +338,8 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
         raise InputError(f"the longest prompt has {int(lengths.max())} tokens; with max_new_tokens={max_new_tokens} "
                          f"and {branches} block(s) of {block} it needs {need} cache slots but the cache holds {max_len}")
     max_len = max(max_len, ids.shape[1])  # the padded prefill must fit too
-    opts = DecodeOptions(decoder=decoder, greedy=temperature == 0,
-                         max_len=max_len, settings=settings, reject_drafts=reject_drafts)
+    opts = DecodeOptions(decoder=decoder, greedy=temperature == 0, max_len=max_len, settings=settings,
+                         reject_drafts=reject_drafts)
     graphdef, state = nnx.split(models)
     args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
             jnp.float32(temperature if temperature > 0 else 1.0), jnp.int32(max_new_tokens))
