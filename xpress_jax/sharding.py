@@ -27,8 +27,7 @@ DEFAULT_RULES: dict[str, tuple[str, ...]] = {
     "embed": ("fsdp",),
     "heads": ("tensor",),
     "kv_heads": ("tensor",),
-    # a KV cache's leading [batch * kv_heads] axis: at batch 1 exactly the KV heads (decoding with a
-    # tensor-split target); at larger batches a split into whole sequences
+    # a KV cache's leading [kv_heads * batch] axis (head-major): split by KV head, as the queries are
     "kv_rows": ("tensor",),
     "mlp": ("tensor",),
     "head_dim": (),

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xpress_jax.errors import ConfigError
-from xpress_jax.models.layers import (ACTIVATION_AXES, RMSNorm, attend, kv_rows, layer_stack, map_layers,
+from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_ROWS, RMSNorm, attend, kv_rows, layer_stack, map_layers,
                                       param, scan_layers)
 from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_kv
 from xpress_jax.sharding import constrain
@@ -175,10 +175,10 @@ class DFlashDrafter(nnx.Module):
                                 jnp.broadcast_to(same_block, (batch, width, width))], axis=-1)
 
         def context_then_block(q, k_blk, v_blk, carry, ctx, i):
-            # [batch * kv_heads, max_len + K*B, head_dim]: the context slots, then the block's own
-            k = jnp.concatenate([ctx[0].astype(k_blk.dtype), kv_rows(k_blk)], axis=1)
-            v = jnp.concatenate([ctx[1].astype(v_blk.dtype), kv_rows(v_blk)], axis=1)
-            return attend(q, k, v, mask), carry
+            # [kv_heads * batch, max_len + K*B, head_dim]: the context slots, then the block's own
+            k = jnp.concatenate([ctx[0].astype(k_blk.dtype), kv_rows(k_blk, CACHE_ROWS)], axis=1)
+            v = jnp.concatenate([ctx[1].astype(v_blk.dtype), kv_rows(v_blk, CACHE_ROWS)], axis=1)
+            return attend(q, k, v, mask, order=CACHE_ROWS), carry
 
         x, _, _ = scan_layers(self.layers, block_embeds.astype(self.dtype), positions, context_then_block,
                               per_layer=list(zip(cache.k, cache.v)))

@@ -22,7 +22,7 @@ ACTIVATION_AXES = ("batch", None, None)  # [batch, seq, hidden]
 # XLA may gather every head to each device and compute attention whole on all of them.
 QUERY_AXES = ("batch", None, "heads", None)  # [batch, seq, heads, head_dim]
 KV_AXES = ("batch", None, "kv_heads", None)  # [batch, seq, kv_heads, head_dim]
-CACHE_AXES = ("kv_rows", None, None)  # [batch * kv_heads, max_len, head_dim] (`kv_rows`)
+CACHE_AXES = ("kv_rows", None, None)  # [kv_heads * batch, max_len, head_dim] (`kv_rows`, CACHE_ROWS)
 
 # A large negative number rather than -inf: a fully masked row then softmaxes to uniform garbage
 # instead of NaN, and such rows (padding) are never read.
@@ -66,11 +66,21 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-def kv_rows(x: jax.Array) -> jax.Array:
+# The two orders of the [kv_heads x batch] row axis that `attend` reads. A mesh can split only the
+# major factor of a merged axis, so each pass takes the order of what its mesh splits: passes
+# without a cache (training, pretraining) the batch, over data and fsdp; the KV caches their heads,
+# as the queries are split when a tensor-split target decodes (at any batch).
+BATCH_MAJOR, HEADS_MAJOR = "batch_major", "heads_major"
+CACHE_ROWS = HEADS_MAJOR
+
+
+def kv_rows(x: jax.Array, order: str = BATCH_MAJOR) -> jax.Array:
     """[batch, seq, kv_heads, head_dim] (what the projections give) -> [batch * kv_heads, seq, head_dim]
-    (what `attend` reads and the KV caches hold: one row of slots per sequence and KV head)."""
+    (what `attend` reads and the KV caches hold: one row of slots per sequence and KV head), row
+    b * kv_heads + h in BATCH_MAJOR order, h * batch + b in HEADS_MAJOR."""
     batch, seq, kv_heads, head_dim = x.shape
-    return jnp.swapaxes(x, 1, 2).reshape(batch * kv_heads, seq, head_dim)
+    perm = (0, 2, 1, 3) if order == BATCH_MAJOR else (2, 0, 1, 3)
+    return jnp.transpose(x, perm).reshape(batch * kv_heads, seq, head_dim)
 
 
 EINSUM, DOT_PRODUCT = "einsum", "dot_product"  # attention kernels (`attend`)
@@ -83,20 +93,21 @@ def long_pass_kernel() -> str:
     return EINSUM if jax.default_backend() == "cpu" else DOT_PRODUCT
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kernel: str = EINSUM) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kernel: str = EINSUM,
+           order: str = BATCH_MAJOR) -> jax.Array:
     """Grouped-query softmax attention (f32 scores and softmax).
 
-    q: [batch, q_len, heads, head_dim]; k, v: [batch * kv_heads, kv_len, head_dim] (`kv_rows`, the
-    caches' layout); mask: [batch, q_len, kv_len] bool, True where a query may attend. Returns
-    [batch, q_len, heads, head_dim].
+    q: [batch, q_len, heads, head_dim]; k, v: [batch * kv_heads, kv_len, head_dim] (`kv_rows` in
+    `order`, the caches' layout); mask: [batch, q_len, kv_len] bool, True where a query may attend.
+    Returns [batch, q_len, heads, head_dim].
 
     Why this layout:
     - heads-major, not slots-major: stored slots-major, every step would transpose the whole cache
       to feed the dots (on CPUs 3x the attention itself at batch 64).
-    - (batch, kv_heads) as one leading axis: the dots want a single batch axis, and with a 4-D cache
-      the bitcast between the two makes XLA's CPU compiler duplicate each in-place cache write into
-      two fusions and copy every cache buffer four times per decoding step (1.3-1.5x slower
-      target-only decoding; benchmarks/cpu/cache-copies/).
+    - sequences and KV heads as one leading axis (in either order): the dots want a single batch
+      axis, and with a 4-D cache the bitcast between the two makes XLA's CPU compiler duplicate
+      each in-place cache write into two fusions and copy every cache buffer four times per
+      decoding step (1.3-1.5x slower target-only decoding; benchmarks/cpu/cache-copies/).
     - the queries of a KV group stacked into one [group * q_len] axis, so both dots are plain
       batched matmuls with the cache as stored. With the group and query axes apart, XLA's CPU
       layouts move the probabilities and the values through a transpose in every layer of every
@@ -104,21 +115,25 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kernel: st
     """
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[0] // batch
+    batch_major = order == BATCH_MAJOR
+    lead = (batch, kv_heads) if batch_major else (kv_heads, batch)  # the row axis, unmerged
     if kernel == DOT_PRODUCT:  # the library's kernel: GQA and any mask; keys [batch, kv_len, kv_heads, head_dim]
-        k, v = (x.reshape(batch, kv_heads, -1, head_dim).swapaxes(1, 2) for x in (k, v))
+        k, v = (jnp.transpose(x.reshape(lead + (-1, head_dim)), (0, 2, 1, 3) if batch_major else (1, 2, 0, 3))
+                for x in (k, v))
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=head_dim**-0.5).astype(q.dtype)
     group = heads // kv_heads
     rows = group * q_len
-    # [batch, kv_heads, group, q_len, head_dim]
-    q = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)
+    # [*lead, group, q_len, head_dim]
+    q = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(((0, 2) if batch_major else (2, 0)) + (3, 1, 4))
     q = q.reshape(batch * kv_heads, rows, head_dim)  # row = g * q_len + t
     scores = jnp.einsum("nrd,nsd->nrs", q, k, preferred_element_type=jnp.float32)
     scores = scores * (head_dim**-0.5)  # [batch * kv_heads, group * q_len, kv_len]
-    row_mask = jnp.broadcast_to(mask[:, None, None], (batch, kv_heads, group) + mask.shape[1:])
+    row_mask = mask[:, None, None] if batch_major else mask[None, :, None]
+    row_mask = jnp.broadcast_to(row_mask, lead + (group,) + mask.shape[1:])
     scores = jnp.where(row_mask.reshape(batch * kv_heads, rows, -1), scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("nrs,nsd->nrd", probs, v).reshape(batch, kv_heads, group, q_len, head_dim)
-    return jnp.moveaxis(out, 3, 1).reshape(batch, q_len, heads, head_dim)
+    out = jnp.einsum("nrs,nsd->nrd", probs, v).reshape(lead + (group, q_len, head_dim))
+    return out.transpose((0, 3, 1, 2, 4) if batch_major else (1, 3, 0, 2, 4)).reshape(batch, q_len, heads, head_dim)
 
 
 class Attention(nnx.Module):

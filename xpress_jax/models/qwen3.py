@@ -16,8 +16,8 @@ from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
-from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_AXES, EINSUM, RMSNorm, attend, is_scanned, kv_rows, layer_stack,
-                                      long_pass_kernel, param, scan_layers)
+from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_AXES, CACHE_ROWS, EINSUM, RMSNorm, attend, is_scanned,
+                                      kv_rows, layer_stack, long_pass_kernel, param, scan_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,14 +99,14 @@ class KVCache:
     masked and later writes overwrite them.
     """
 
-    k: tuple[jax.Array, ...]  # per layer [batch * kv_heads, max_len, head_dim] (`layers.kv_rows`, as `attend` reads)
+    k: tuple[jax.Array, ...]  # per layer [kv_heads * batch, max_len, head_dim] (`layers.kv_rows`, CACHE_ROWS)
     v: tuple[jax.Array, ...]
     lengths: jax.Array  # [batch] int32: committed tokens per sequence
 
     @classmethod
     def init(cls, cfg, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
         """cfg: anything with num_hidden_layers, num_key_value_heads, head_dim (target or drafter)."""
-        shape = (batch * cfg.num_key_value_heads, max_len, cfg.head_dim)
+        shape = (cfg.num_key_value_heads * batch, max_len, cfg.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers))
         return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_hidden_layers)),
                    lengths=jnp.zeros((batch,), jnp.int32))
@@ -124,9 +124,9 @@ class KVCache:
         where decoding that branch alone would have written it. Lengths are left to the caller."""
         src = start + branch * width
 
-        def move(rows):  # [batch * kv_heads, max_len, head_dim]; each row moves by its sequence's offsets
+        def move(rows):  # [kv_heads * batch, max_len, head_dim]; each row moves by its sequence's offsets
             kv_heads = rows.shape[0] // start.shape[0]
-            row_src, row_start = jnp.repeat(src, kv_heads), jnp.repeat(start, kv_heads)
+            row_src, row_start = jnp.tile(src, kv_heads), jnp.tile(start, kv_heads)
             chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=0))(rows, row_src)
             return write_at(rows, chosen, row_start, axis=1)
         return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
@@ -140,12 +140,12 @@ def write_at(buffer: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 
 
 
 def write_kv(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
-    """cache: [batch * kv_heads, max_len, head_dim]; new: [batch, t, kv_heads, head_dim] (the
+    """cache: [kv_heads * batch, max_len, head_dim]; new: [batch, t, kv_heads, head_dim] (the
     projections' layout), written at slots offsets..offsets+t-1 of each sequence. Written row by
     row in the cache's own layout: through a 4-D view of it, XLA's CPU compiler copied the whole
     buffer whenever a step wrote it twice (D-Loop's branch move at batch 1)."""
     kv_heads = new.shape[2]
-    return write_at(cache, kv_rows(new), jnp.repeat(offsets, kv_heads), axis=1)
+    return write_at(cache, kv_rows(new, CACHE_ROWS), jnp.tile(offsets, kv_heads), axis=1)
 
 
 def _cache_mask(lengths: jax.Array, max_len: int, seq: int, block_mask: jax.Array | None) -> jax.Array:
@@ -252,10 +252,10 @@ class Qwen3(nnx.Module):
         def own_keys(q, k, v, written, _, i):  # attention over this pass's keys (and the cache's)
             if cache is None:
                 return attend(q, kv_rows(k), kv_rows(v), mask, attention), written
-            # k, v: [batch * kv_heads, max_len, head_dim] after the write; the written buffers accumulate
+            # k, v: [kv_heads * batch, max_len, head_dim] after the write; the written buffers accumulate
             k, v = write_kv(cache.k[i], k, cache.lengths), write_kv(cache.v[i], v, cache.lengths)
             k, v = constrain(k, CACHE_AXES), constrain(v, CACHE_AXES)  # the target's cache split with its KV heads
-            return attend(q, k, v, mask, attention), written + ((k, v),)
+            return attend(q, k, v, mask, attention, CACHE_ROWS), written + ((k, v),)
 
         last = num_layers - 1  # its tap is read after the final norm, as HF reports it
         inner = [i for i in tap_layers if i != last]
