@@ -133,10 +133,18 @@ def largest_f32_bytes(hlo_text: str, axis_size: int, except_shape: tuple[int, ..
     return 4 * max((math.prod(s) for s in shapes if axis_size in s and sorted(s) != sorted(except_shape)), default=0)
 
 
-def compile_step(config):
+# With the anchors in one unrolled chunk, XLA's CSE can merge the forward pass's target logits (p^t)
+# with their rematerialisation in the backward pass, which the running step (forward and backward
+# in separate loops) cannot. It did so on one device and not on a mesh, which read as 6% of work
+# repeated by every device at 8B shapes. FLOPs are counted with CSE off in every program alike.
+FLOPS_COUNTING = {"xla_disable_hlo_passes": "cse"}
+
+
+def compile_step(config, compiler_options: dict | None = None):
     """The train step compiled on abstract arrays (no weights, no data): (Setup, compiled)."""
     setup = Setup(config, abstract=True)
-    return setup, setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch()).compile()
+    lowered = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch())
+    return setup, lowered.compile(compiler_options=compiler_options)
 
 
 def dry_run(config, *, model_flops: float | None = None) -> dict:
@@ -146,7 +154,7 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     the update), and `flops_ratio` = per-device FLOPs * devices / model FLOPs: 1 when the mesh
     splits the work, up to the device count when every device repeats it. Memory comes from the
     step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
-    chunk (the same work), since XLA counts a loop body once. A caller that knows the model
+    chunk (the same work), since XLA counts a loop body once, and CSE off (`FLOPS_COUNTING`). A caller that knows the model
     FLOPs passes them and saves the one-device compile. `largest_vocab_f32_bytes` is at most
     `chunk_logits_bytes` when no f32 logits beyond one anchor chunk's are held."""
     refuse_uneven_mesh(config)
@@ -177,13 +185,13 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     with counted.unlocked():
         counted.train.anchor_chunk = config.train.num_anchors
     with unrolled_loops():
-        flops = compiled_flops(compile_step(counted)[1])
+        flops = compiled_flops(compile_step(counted, FLOPS_COUNTING)[1])
     if model_flops is None:
         one_device = copy.deepcopy(counted)
         with one_device.unlocked():
             one_device.mesh.shape = (1, 1, 1)
         with unrolled_loops(), sharding.subset_meshes_expected():
-            model_flops = compiled_flops(compile_step(one_device)[1]) if devices > 1 else flops
+            model_flops = compiled_flops(compile_step(one_device, FLOPS_COUNTING)[1]) if devices > 1 else flops
     report.update(flops_per_device=flops, model_flops=model_flops,
                   flops_ratio=round(flops * devices / model_flops, 3) if flops and model_flops else None)
     return report
