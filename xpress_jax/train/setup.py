@@ -135,8 +135,8 @@ def largest_f32_bytes(hlo_text: str, axis_size: int, except_shape: tuple[int, ..
 
 # With the anchors in one unrolled chunk, XLA's CSE can merge the forward pass's target logits (p^t)
 # with their rematerialisation in the backward pass, which the running step (forward and backward
-# in separate loops) cannot. It did so on one device and not on a mesh, which read as 6% of work
-# repeated by every device at 8B shapes. FLOPs are counted with CSE off in every program alike.
+# in separate loops) cannot. It does so on one device and not on a mesh, which at 8B shapes would
+# read as 6% of the work repeated on every device. FLOPs are counted with CSE off in every program.
 FLOPS_COUNTING = {"xla_disable_hlo_passes": "cse"}
 
 
