@@ -32,15 +32,17 @@ def activation_all_gathers(hlo: str, batch: int, seq: int) -> list[str]:
 
 
 def test_train_step_is_the_same_on_every_mesh(tmp_path):
-    """One step from the same state and batch on every kind of mesh (data, fsdp, tensor, mixed)
-    equals one device's; and the compiled step never all-gathers activations over the batch."""
+    """One step from the same state and batch on every kind of mesh (data, fsdp, tensor, mixed;
+    two KV heads, so tensor splits them) equals one device's; and the compiled step never
+    all-gathers activations over the batch."""
     from xpress_jax.train.setup import Setup
     rng = np.random.default_rng(0)
     batch = {"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
              "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)}
     results = {}
     for shape in [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 4, 1), (1, 4, 2)]:
-        config = train_config(tmp_path, **{"mesh.shape": str(shape), "data.max_len": "64", "train.steps": "10"})
+        config = train_config(tmp_path, **{"mesh.shape": str(shape), "data.max_len": "64", "train.steps": "10",
+                                           "target.arch.num_key_value_heads": "2"})  # split over tensor=2
         setup = Setup(config, abstract=False)
         state0, global_batch = setup.init_state(), setup.global_batch(batch)
         step = setup.step.lower(state0, setup.target_params, global_batch).compile()  # compiled once: read, then run
