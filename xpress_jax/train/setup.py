@@ -154,8 +154,9 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     the update), and `flops_ratio` = per-device FLOPs * devices / model FLOPs: 1 when the mesh
     splits the work, up to the device count when every device repeats it. Memory comes from the
     step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
-    chunk (the same work), since XLA counts a loop body once, and CSE off (`FLOPS_COUNTING`). A caller that knows the model
-    FLOPs passes them and saves the one-device compile. `largest_vocab_f32_bytes` is at most
+    chunk (the same work), since XLA counts a loop body once, and with CSE off
+    (`FLOPS_COUNTING`). A caller that knows the model FLOPs passes them and saves the one-device
+    compile. `largest_vocab_f32_bytes` is at most
     `chunk_logits_bytes` when no f32 logits beyond one anchor chunk's are held."""
     refuse_uneven_mesh(config)
     setup, compiled = compile_step(config)

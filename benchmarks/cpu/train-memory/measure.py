@@ -56,9 +56,9 @@ def main():
         measured = [measure(args.config, mesh, batch) for mesh, batch in points]
         budget_gib = 0.8 * memory / GIB
         fitting = [m for m in measured if m["peak_gib"] <= budget_gib and m["mesh"][2] == 1 and m["mesh"][0] == 1]
+        largest = max((m["batch_size"] for m in fitting), default=None)
         result["devices"][device] = {"memory_gib": round(memory / GIB, 1), "budget_80_gib": round(budget_gib, 1),
-                                     "largest_fsdp_batch_within_80": max((m["batch_size"] for m in fitting), default=None),
-                                     "points": measured}
+                                     "largest_fsdp_batch_within_80": largest, "points": measured}
         for m in measured:
             rows.append([device, "(" + ",".join(map(str, m["mesh"])) + ")", m["batch_size"], m["argument_gib"],
                          m["temp_gib"], m["peak_gib"], "yes" if m["peak_gib"] <= budget_gib else "no"])
