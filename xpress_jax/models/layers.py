@@ -83,6 +83,11 @@ def kv_rows(x: jax.Array, order: str = BATCH_MAJOR) -> jax.Array:
     return jnp.transpose(x, perm).reshape(batch * kv_heads, seq, head_dim)
 
 
+def per_row(values: jax.Array, kv_heads: int, order: str = BATCH_MAJOR) -> jax.Array:
+    """Per-sequence values [batch] -> one per row of a `kv_rows` axis in `order` [batch * kv_heads]."""
+    return jnp.repeat(values, kv_heads) if order == BATCH_MAJOR else jnp.tile(values, kv_heads)
+
+
 EINSUM, DOT_PRODUCT = "einsum", "dot_product"  # attention kernels (`attend`)
 
 

@@ -17,7 +17,7 @@ from flax import nnx, struct
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
 from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_AXES, CACHE_ROWS, EINSUM, RMSNorm, attend, is_scanned,
-                                      kv_rows, layer_stack, long_pass_kernel, param, scan_layers)
+                                      kv_rows, layer_stack, long_pass_kernel, param, per_row, scan_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ class KVCache:
 
         def move(rows):  # [kv_heads * batch, max_len, head_dim]; each row moves by its sequence's offsets
             kv_heads = rows.shape[0] // start.shape[0]
-            row_src, row_start = jnp.tile(src, kv_heads), jnp.tile(start, kv_heads)
+            row_src, row_start = per_row(src, kv_heads, CACHE_ROWS), per_row(start, kv_heads, CACHE_ROWS)
             chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=0))(rows, row_src)
             return write_at(rows, chosen, row_start, axis=1)
         return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
@@ -145,7 +145,7 @@ def write_kv(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
     row in the cache's own layout: through a 4-D view of it, XLA's CPU compiler copied the whole
     buffer whenever a step wrote it twice (D-Loop's branch move at batch 1)."""
     kv_heads = new.shape[2]
-    return write_at(cache, kv_rows(new, CACHE_ROWS), jnp.tile(offsets, kv_heads), axis=1)
+    return write_at(cache, kv_rows(new, CACHE_ROWS), per_row(offsets, kv_heads, CACHE_ROWS), axis=1)
 
 
 def _cache_mask(lengths: jax.Array, max_len: int, seq: int, block_mask: jax.Array | None) -> jax.Array:
