@@ -33,7 +33,7 @@ def test_each_of_eight_devices_does_an_eighth_of_the_work_with_no_collective():
     graphdef, state = nnx.split(models)
     opts = DecodeOptions(decoder="xpress", max_len=64, settings=DecodeSettings())
     ids, lengths = jnp.zeros((16, 16), jnp.int32), jnp.full((16,), 8, jnp.int32)
-    rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(24))
+    rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(24), jnp.int32(4))
     mesh = batch_mesh(8)
     one = _decode.lower(graphdef, state, ids, lengths, *rest, opts).compile()
     split = decode_batch_split.lower(_decode_loop, graphdef, replicate(state, mesh), ids, lengths, *rest, opts,
@@ -101,7 +101,7 @@ def test_a_target_split_over_four_devices_decodes_the_same_tokens_with_a_quarter
     cost = lambda c: (c.cost_analysis()[0] if isinstance(c.cost_analysis(), list) else c.cost_analysis())["flops"]  # noqa: E731
     for batch in (1, 4):
         ids, lengths = jnp.zeros((batch, 16), jnp.int32), jnp.full((batch,), 8, jnp.int32)
-        rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(16))
+        rest = (jnp.asarray([5], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(16), jnp.int32(4))
         whole = _decode.lower(*nnx.split(one), ids, lengths, *rest, opts).compile()
         parts = decode_tensor_split.lower(_decode_loop, *nnx.split(split), ids, lengths, *rest, opts, mesh).compile()
         ratio = {k: getattr(parts.memory_analysis(), k) / getattr(whole.memory_analysis(), k)

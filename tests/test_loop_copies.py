@@ -45,7 +45,8 @@ def test_no_cache_copies_inside_the_decode_loop(decoder, settings, batch):
     opts = DecodeOptions(decoder=decoder, greedy=True, max_len=SLOTS, settings=settings)
     graphdef, state = nnx.split(models)
     lowered = _decode.lower(graphdef, state, jnp.ones((batch, 8), jnp.int32), jnp.full((batch,), 8, jnp.int32),
-                            jnp.array([1], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(16), opts)
+                            jnp.array([1], jnp.int32), jax.random.key(0), jnp.float32(1.0), jnp.int32(16),
+                            jnp.int32(4), opts)
     hlo = lowered.compile(PRODUCTION_FUSION).as_text()
     body = loop_body(hlo)
     cache_buffer = re.compile(r"= f32\[[0-9,]*\b%d\b[0-9,]*\]\{[0-9,]*\} copy\(" % SLOTS)

@@ -215,3 +215,21 @@ def test_prompts_compile_at_a_fixed_set_of_buckets_and_reuse_them():
                          pad_multiple=64, min_rows=4, max_len=64 + 6 + 1)
         assert short.tokens == [t[:budget] for t in exact[2]] and short.stats["per_step"].shape == (3, budget)
     assert _decode._cache_size() == before + 1
+
+
+def test_an_iteration_sweep_runs_one_program():
+    """The Jacobi iteration bound is traced: XPress at 1, 2 and 8 iterations compiles once, each
+    run stays within its own bound, and every one gives target-only decoding's tokens."""
+    from xpress_jax.decoding.speculative import _decode
+    models = random_models("xpress", seed=4)
+    prompts = [[3, 9, 4, 11], [7, 1]]
+    exact = target_only(models, prompts, max_new_tokens=12).tokens
+    before = _decode._cache_size()
+    per_step = {}
+    for k in (1, 2, 8):
+        out = generate(models, prompts, decoder="xpress", max_new_tokens=12, max_iters=k)
+        assert out.tokens == exact, k
+        per_step[k] = out.stats["iterations"] / out.stats["steps"]
+        assert (per_step[k] <= min(k, BLOCK - 1)).all(), (k, per_step[k])
+    assert (per_step[1] == 1).all() and (per_step[8] > 1).any()  # the larger bound runs more iterations
+    assert _decode._cache_size() == before + 1

@@ -41,28 +41,28 @@ def replicate(tree, mesh: Mesh):
 
 
 # `loop` is the decode loop (`speculative._decode_loop`): (graphdef, state, prompt, prompt_lens,
-# stop_ids, key, temperature, max_new, opts) -> outputs with a leading batch axis.
+# stop_ids, key, temperature, max_new, max_iters, opts) -> outputs with a leading batch axis.
 STATIC = ("loop", "graphdef", "opts", "mesh")
 
 
 @functools.partial(jax.jit, static_argnames=STATIC)
-def decode_batch_split(loop, graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, opts,
-                       mesh: Mesh):
+def decode_batch_split(loop, graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters,
+                       opts, mesh: Mesh):
     """The loop run per device of `mesh` on its rows of the batch, each device drawing from its own key."""
-    def local(state, prompt, prompt_lens, stop_ids, key, temperature, max_new):
+    def local(state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters):
         key = jax.random.fold_in(key, jax.lax.axis_index(AXIS))
-        return loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, opts)
-    split = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(), P(), P(), P()), out_specs=P(AXIS),
-                          check_vma=False)  # the loop's trip count differs per device by design
-    return split(state, prompt, prompt_lens, stop_ids, key, temperature, max_new)
+        return loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters, opts)
+    split = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(), P(), P(), P(), P()),
+                          out_specs=P(AXIS), check_vma=False)  # the loop's trip count differs per device by design
+    return split(state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters)
 
 
 @functools.partial(jax.jit, static_argnames=STATIC)
-def decode_tensor_split(loop, graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, opts,
-                        mesh: Mesh):
+def decode_tensor_split(loop, graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters,
+                        opts, mesh: Mesh):
     """The loop for a target split over `mesh` (`place_on_tensor_mesh`), its activations pinned there."""
     with sharding.activations_on(mesh):
-        return loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, opts)
+        return loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters, opts)
 
 
 def tensor_mesh(devices: int, cfg) -> Mesh | None:

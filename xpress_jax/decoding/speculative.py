@@ -45,6 +45,9 @@ class SpecModels(nnx.Module):
         self.head = head
 
 
+TRACED = 0  # DecodeOptions.settings.max_iters: the bound is passed to the loop as an argument
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
     """Static settings: each distinct value compiles once."""
@@ -54,7 +57,9 @@ class DecodeOptions:
     # cache slots, and the bound of the output buffer: the token budget is a traced argument, so
     # runs that differ only in max_new_tokens share one program (the decode benchmark's 1-token run)
     max_len: int = 0
-    settings: DecodeSettings = DecodeSettings()  # Jacobi K, early stop, candidates, D-Loop branches
+    # early stop, candidates, D-Loop branches; the Jacobi iteration bound is a traced argument
+    # (max_iters here is TRACED), so an iteration sweep runs one program
+    settings: DecodeSettings = DecodeSettings()
     # every draft refused: each step commits the target's token from row 0 of the decoder's own
     # verification pass, so this is target-only decoding with the verify pass's shapes (greedy)
     reject_drafts: bool = False
@@ -169,8 +174,10 @@ def verify_block(target: Qwen3, tcache, last, draft, taps):
     return target(jnp.concatenate([last[:, None], draft], axis=1), cache=tcache, tap_layers=taps)
 
 
-def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, opts: DecodeOptions):
+def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters,
+                 opts: DecodeOptions):
     models = nnx.merge(graphdef, state)
+    settings = dataclasses.replace(opts.settings, max_iters=max_iters)  # [] int32, traced
     target, drafter, head = models.target, models.drafter, models.head
     batch = prompt.shape[0]
     block = drafter.cfg.block_size if DECODERS[opts.decoder].drafter else 1
@@ -178,13 +185,13 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
     # the block's first m positions are drafted (after the drafter's pass over all B), refined and
     # verified: causal heads decide position k from positions < k only, so the first m of a whole
     # block's draft are exactly these
-    m = opts.settings.drafted(block)
+    m = settings.drafted(block)
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     capacity = opts.max_len  # no run commits more tokens than its cache holds; max_new [] int32 is traced
 
     # prefill: the prompt through the target; its first token; the drafter's context
     last_logits, tcache, ctx = prefill(target, drafter, prompt, prompt_lens, opts.max_len,
-                                       opts.settings.prefill_chunk)
+                                       settings.prefill_chunk)
     key, k_first = jax.random.split(key)
     last_logits = last_logits[:, 0]  # [batch, vocab]
     if opts.greedy:
@@ -209,7 +216,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
         kept block (cache and taps as if only that block had been run), Jacobi iterations, the
         drafter's one-pass block [batch, m] and the verified branch's kept prefix length [batch]."""
         if loop:  # D-Loop drafts its whole two-pass block (its prefix rule reads all of it); m are verified
-            d = loop_draft(target, drafter, ctx, last, opts.settings, head=head)
+            d = loop_draft(target, drafter, ctx, last, settings, head=head)
             branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens[:, :, :m], key=k_accept,
                                                        temperature=temperature, greedy=opts.greedy, tap_layers=taps,
                                                        reject_drafts=opts.reject_drafts)
@@ -220,7 +227,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
         if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
             s, h = draft_block(target, drafter, ctx, last, m)  # [batch, m, vocab], [batch, n, hidden]
             noise = None if opts.greedy else gumbel_noise(k_noise, s.shape)
-            res = refine_block(head_name, head, s, h, last, target.embed, settings=opts.settings,
+            res = refine_block(head_name, head, s, h, last, target.embed, settings=settings,
                                noise=noise, temperature=temperature)
             draft, draft_logits, iterations = res.tokens, res.logits, res.iterations
             one_pass = jnp.argmax(s, axis=-1).astype(jnp.int32)
@@ -307,7 +314,7 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     greedy output is the same; sampling draws from a key per device. Prompts are padded to their
     bucket (`bucket_length`, with `pad_multiple`), and the batch to at least `min_rows` rows with
     copies of prompt 0, so a run's batches share a few compiled programs; calls with one max_len
-    share a program whatever their max_new_tokens (the budget is traced)."""
+    share a program whatever their max_new_tokens and max_iters (both are traced)."""
     check_compatible(models, decoder)
     mesh, split = batch_mesh(devices), target_mesh(models)
     if mesh is not None and split is not None:
@@ -338,11 +345,12 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
         raise InputError(f"the longest prompt has {int(lengths.max())} tokens; with max_new_tokens={max_new_tokens} "
                          f"and {branches} block(s) of {block} it needs {need} cache slots but the cache holds {max_len}")
     max_len = max(max_len, ids.shape[1])  # the padded prefill must fit too
-    opts = DecodeOptions(decoder=decoder, greedy=temperature == 0, max_len=max_len, settings=settings,
-                         reject_drafts=reject_drafts)
+    opts = DecodeOptions(decoder=decoder, greedy=temperature == 0, max_len=max_len,
+                         settings=dataclasses.replace(settings, max_iters=TRACED), reject_drafts=reject_drafts)
     graphdef, state = nnx.split(models)
     args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
-            jnp.float32(temperature if temperature > 0 else 1.0), jnp.int32(max_new_tokens))
+            jnp.float32(temperature if temperature > 0 else 1.0), jnp.int32(max_new_tokens),
+            jnp.int32(settings.max_iters))
     rows = len(prompts)
     extra = [0] * (round_up(max(rows, min_rows), mesh.size if mesh is not None else 1) - rows)
     ids, lengths = np.concatenate([ids, ids[extra]]), np.concatenate([lengths, lengths[extra]])
