@@ -115,6 +115,12 @@ class Setup:
                 for k, v in local.items()}
 
 
+def peak_bytes(mem) -> int:
+    """A compiled program's peak per device from its memory analysis: arguments and outputs (less
+    the donated buffers they share) and temporaries."""
+    return mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+
+
 def compiled_flops(compiled) -> float | None:
     """XLA's flop count of a compiled program, per device for a partitioned one (a dict, or a list
     of one per program in older jax; None where the backend does not count)."""
@@ -156,8 +162,8 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
     chunk (the same work), since XLA counts a loop body once, and with CSE off
     (`FLOPS_COUNTING`). A caller that knows the model FLOPs passes them and saves the one-device
-    compile. `largest_vocab_f32_bytes` is at most
-    `chunk_logits_bytes` when no f32 logits beyond one anchor chunk's are held."""
+    compile. `largest_vocab_f32_bytes` is at most `chunk_logits_bytes` when no f32 logits beyond
+    one anchor chunk's are held."""
     refuse_uneven_mesh(config)
     setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
@@ -170,8 +176,7 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     if mem is not None:
         report.update(argument_gib=gib(mem.argument_size_in_bytes), output_gib=gib(mem.output_size_in_bytes),
                       alias_gib=gib(mem.alias_size_in_bytes), temp_gib=gib(mem.temp_size_in_bytes),
-                      peak_gib=gib(mem.argument_size_in_bytes + mem.output_size_in_bytes
-                                   - mem.alias_size_in_bytes + mem.temp_size_in_bytes))
+                      peak_gib=gib(peak_bytes(mem)))
     # the losses hold f32 [tokens, vocab] arrays of one anchor chunk at a time: the largest such
     # array in the program against one chunk's logits [local batch, chunk, n, local vocab]. The
     # [vocab, hidden] output projection is a weight, not logits (the CPU compiler upcasts it to f32).

@@ -22,7 +22,7 @@ from xpress_jax import atomic  # noqa: E402
 from xpress_jax.cli import config_path, with_overrides  # noqa: E402
 from xpress_jax.report.tables import markdown_table  # noqa: E402
 from xpress_jax.sharding import subset_meshes_expected  # noqa: E402
-from xpress_jax.train.setup import compile_step  # noqa: E402
+from xpress_jax.train.setup import compile_step, peak_bytes  # noqa: E402
 
 GIB = 2**30
 # device -> (memory per device in bytes, [(mesh, global batch), ...])
@@ -39,7 +39,7 @@ def measure(config: str, mesh: tuple, batch: int) -> dict:
     t0 = time.perf_counter()
     with subset_meshes_expected():
         mem = compile_step(point)[1].memory_analysis()
-    peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+    peak = peak_bytes(mem)
     return {"mesh": list(mesh), "batch_size": batch, "argument_gib": round(mem.argument_size_in_bytes / GIB, 2),
             "temp_gib": round(mem.temp_size_in_bytes / GIB, 2), "peak_gib": round(peak / GIB, 2),
             "compile_s": round(time.perf_counter() - t0, 1)}
