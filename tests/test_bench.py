@@ -89,7 +89,9 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
         # the paper's unit and the H200 roofline: the iteration streams the rank-r readout once,
         # a Markov block streams it at each of its n steps
         roof = result["h200_roofline"]
-        assert result["per_iteration_s"] > 0 and roof["read_bytes_per_s"] == 4.8e12
+        # the slope is a timing: at tiny sizes with one repetition its sign is noise, so only its use is checked
+        assert result["per_iteration_vs_markov_block"] == pytest.approx(
+            result["per_iteration_s"] / result["seconds"]["markov"]) and roof["read_bytes_per_s"] == 4.8e12
         assert roof["xpress_iteration_bound_s"] == roof["xpress_iteration_bytes"] / 4.8e12
         assert roof["markov_block_bytes"] > 2 * roof["xpress_iteration_bytes"]
     for png in ("heads-latency_vs_iterations.png", "heads-draft_step.png"):

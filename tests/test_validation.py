@@ -2,12 +2,14 @@
 anything is built, a resume with another config is refused, a corrupt newest checkpoint falls back
 to the previous one, and broken checkpoint files are named."""
 
+import concurrent.futures
 import glob
 import json
 import os
 import shutil
 
 import numpy as np
+import portpicker
 import pytest
 
 from cli_helpers import ROOT, invoke, run
@@ -162,11 +164,16 @@ def test_data_errors_name_the_file_and_line(tmp_path):
 
 
 def test_a_process_that_never_arrives_is_named(tmp_path):
-    env = {"XPRESS_COORDINATOR": "localhost:23871", "XPRESS_NUM_PROCESSES": "2", "XPRESS_INIT_TIMEOUT": "3"}
-    r = run("xpress_jax.train", f"--config.train.out_dir={tmp_path}", env_extra={**env, "XPRESS_PROCESS_ID": "0"})
-    assert r.returncode == 2 and "processes [1] did not check in" in r.stderr and "Traceback" not in r.stderr
-    r = run("xpress_jax.train", f"--config.train.out_dir={tmp_path}", env_extra={**env, "XPRESS_PROCESS_ID": "1"})
-    assert r.returncode == 2 and "process 0 did not answer" in r.stderr and "Traceback" not in r.stderr
+    def alone(process_id):  # each on its own port, so the two never meet; both wait out the timeout at once
+        env = {"XPRESS_COORDINATOR": f"localhost:{portpicker.pick_unused_port()}", "XPRESS_NUM_PROCESSES": "2",
+               "XPRESS_INIT_TIMEOUT": "3", "XPRESS_PROCESS_ID": str(process_id)}
+        return run("xpress_jax.train", f"--config.train.out_dir={tmp_path / str(process_id)}", env_extra=env)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        coordinator, worker = pool.map(alone, (0, 1))
+    assert coordinator.returncode == 2 and "processes [1] did not check in" in coordinator.stderr
+    assert worker.returncode == 2 and "process 0 did not answer" in worker.stderr
+    assert "Traceback" not in coordinator.stderr + worker.stderr
 
 
 def test_a_failed_save_names_its_step_and_the_last_good_one(tmp_path, monkeypatch):
