@@ -74,7 +74,7 @@ def qwen3_tokenizer_dir(tmp_path_factory):
 
 
 # The files with the longest runs start first, so that under `-n 2 --dist loadfile` they do not
-# end up alone at the tail of the run (the smoke reproduction alone takes about 7 minutes).
+# end up alone at the tail of the run (the smoke reproduction alone takes one to two minutes).
 SLOW_FILES_FIRST = ("test_reproduce.py", "test_trainer.py", "test_bench.py", "test_validation.py", "test_eval.py")
 
 
