@@ -2,14 +2,15 @@
 
 import os
 
-# XLA's CPU backend compiles the tests' tiny programs without its costly LLVM passes and with its
-# legacy fusion emitters: compiling is most of the suite's time (these flags take 45% off a decode
-# test's compile), while collectives, FLOPs, memory and every numerical property are the same.
-# The one test that reads the loop's HLO for copies compiles with the emitters users get
+# XLA's CPU backend compiles the tests' tiny programs without its costly LLVM passes, with its
+# legacy fusion emitters and in one LLVM module (its parallel codegen pays on many cores, not on
+# the two the suite shares): compiling is most of the suite's time (these flags take two thirds
+# off the decode loops' compile), while collectives, FLOPs, memory and every numerical property are the
+# same. The one test that reads the loop's HLO for copies compiles with the emitters users get
 # (tests/test_loop_copies.py). The CLI subprocesses the tests start get the same flags, without
 # the fake devices (tests/cli_helpers.py).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-                      "--xla_cpu_use_fusion_emitters=false")
+                      "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 os.environ.setdefault("XPRESS_TEST_XLA_FLAGS", FAST_COMPILE_FLAGS)
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_FLAGS}")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -73,9 +74,17 @@ def qwen3_tokenizer_dir(tmp_path_factory):
     return build_qwen3_tokenizer(str(tmp_path_factory.mktemp("qwen3_tokenizer")))
 
 
-# The files with the longest runs start first, so that under `-n 2 --dist loadfile` they do not
-# end up alone at the tail of the run (the smoke reproduction alone takes one to two minutes).
-SLOW_FILES_FIRST = ("test_reproduce.py", "test_trainer.py", "test_bench.py", "test_validation.py", "test_eval.py")
+# The files with the longest runs start first, longest first, so that under `-n 2 --dist loadfile`
+# the short ones fill the tail of the run and the two workers end together (the smoke
+# reproduction alone takes one to two minutes). xdist would order files by their number of tests.
+SLOW_FILES_FIRST = ("test_trainer.py", "test_reproduce.py", "test_bench.py", "test_eval.py", "test_speculative.py",
+                    "test_qwen3.py", "test_dloop.py", "test_launch.py", "test_verify_tokens.py", "test_validation.py",
+                    "test_notebook.py", "test_decode_devices.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's reordering, on by default
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):
