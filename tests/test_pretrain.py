@@ -19,6 +19,7 @@ from xpress_jax.pretrain.target import PackedBatches, distinct_ngram_ratio, next
 def test_stdlib_code_records_are_humaneval_shaped():
     records = stdlib_code_records(50)
     assert len(records) == 50 and len({r["id"] for r in records}) == 50
+    assert stdlib_code_records(20) == records[:20]  # a smaller corpus is a prefix of a larger one
     for r in records:
         prompt, body = (t["content"] for t in r["conversations"])
         assert prompt.startswith(CODE_INSTRUCTION + "def ") and ('"""' in prompt or "'''" in prompt)

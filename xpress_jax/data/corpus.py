@@ -59,6 +59,8 @@ def stdlib_code_records(max_functions: int = 4000, min_body: int = 3, max_body: 
     """Top-level documented functions of the installed Python standard library, in a stable order."""
     root = sysconfig.get_paths()["stdlib"]
     records = []
+    if max_functions == 0:
+        return records
     for folder, dirs, file_names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
         for name in sorted(file_names):
@@ -81,7 +83,9 @@ def stdlib_code_records(max_functions: int = 4000, min_body: int = 3, max_body: 
                     if example:
                         records.append(_chat(f"stdlib-{module}:{node.name}", CODE_INSTRUCTION + example[0],
                                              example[1]))
-    return records[:max_functions]
+                        if len(records) == max_functions:  # the walk's order is stable: stop parsing here
+                            return records
+    return records
 
 
 def is_validation(record_id: str, fraction: float) -> bool:
