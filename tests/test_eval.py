@@ -308,3 +308,66 @@ def test_the_verify_pass_reference_is_exact_in_bf16():
     assert all(d["target_margin"] < 0.25 for d in report["first_divergences"]), report
     with pytest.raises(InputError, match="reject_drafts is a greedy reference"):
         generate(bf16, prompts[:1], decoder="dflash", reject_drafts=True, temperature=1.0, **kw)
+
+
+def test_a_drafter_whose_target_layers_repeat_trains_exports_and_evaluates_losslessly(tmp_path):
+    """DFlash's spacing rule on a 6-layer target with the 8B recipe's 5 drafter layers and 16-token
+    block reads target layers 1, 2, 2, 2, 3: the drafter trains on them, exports, and evaluates
+    (DFlash and XPress) with the same taps, lossless against target-only decoding."""
+    from cli_helpers import invoke
+    from train_helpers import override_args
+    from xpress_jax.models.drafter import default_target_layer_ids
+    assert default_target_layer_ids(6, 5) == [1, 2, 2, 2, 3]
+    shape = {"target.arch.num_hidden_layers": "6", "drafter.num_layers": "5", "drafter.block_size": "16",
+             "drafter.target_layer_ids": "()",  # DFlash's spacing rule
+             "data.max_len": "128"}
+    run_dir = tmp_path / "run"
+    r = invoke("xpress_jax.train", *override_args(run_dir, **shape, **{
+        "train.steps": "2", "train.save_every": "2", "train.async_checkpointing": "false",
+        "train.heads": "('xpress',)"}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    export = json.loads((run_dir / "export" / "config.json").read_text())
+    assert export["dflash_config"]["target_layer_ids"] == [1, 2, 2, 2, 3]
+    out = tmp_path / "eval"
+    r = invoke("xpress_jax.eval", *override_args(run_dir, **shape), f"--checkpoint={run_dir / 'export'}",
+               "--decoders=dflash,xpress", "--datasets=gsm8k", "--num_prompts=2", "--max_new_tokens=24",
+               "--check_lossless", "--config.eval.iteration_sweep=()", f"--out={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())["results"]["gsm8k"]
+    assert results["dflash"]["lossless"] is True and results["xpress"]["lossless"] is True
+    assert results["dflash"]["new_tokens"] == results["target"]["new_tokens"] > 0
+
+
+def test_the_recipes_prompt_lengths_pad_to_the_longest_prompts_bucket_and_decode_losslessly(tmp_path):
+    """The 8B recipe's prompt lengths at tiny width: one set with prompts of 100, 530, 700, 960 and
+    2,000 tokens. Every prompt is padded to the longest's bucket (2,048: whole prefill chunks of
+    512), never to a common multiple of bucket and chunk, and DFlash's tokens equal target-only
+    decoding's (the 2,048-token answers: tests/test_speculative.py)."""
+    from xpress_jax.checkpoints.hf_drafter import save_drafter
+    from xpress_jax.cli import DEFAULT_CONFIG, load_config
+    from xpress_jax.decoding.padding import bucket_length, shared_length
+    from xpress_jax.eval.evaluate import encode_prompts
+    from xpress_jax.models.build import build_models
+    for longest, bucket in ((530, 1024), (700, 1024), (960, 1024), (2000, 2048)):  # one bucket, at most
+        shared = shared_length([100, longest], 512)
+        assert shared == bucket and {bucket_length(n, shared, 512) for n in (100, longest)} == {bucket}
+    config = load_config(DEFAULT_CONFIG)
+    overhead = len(encode_prompts(config, ["x"], 10_000)[0][0]) - 1  # the chat template's tokens
+    lengths = (100, 530, 700, 960, 2000)
+    questions = tmp_path / "lengths.jsonl"
+    questions.write_text("".join(json.dumps({"turns": ["x" * (n - overhead)]}) + "\n" for n in lengths))
+    prompts = encode_prompts(config, [json.loads(line)["turns"][0] for line in questions.read_text().splitlines()],
+                             10_000)[0]
+    assert [len(p) for p in prompts] == list(lengths)
+    _, drafter, _ = build_models(config, "", ())
+    save_drafter(drafter, str(tmp_path / "ckpt"), dtype=np.float32)
+    out = tmp_path / "eval"
+    r = invoke("xpress_jax.eval", f"--checkpoint={tmp_path / 'ckpt'}", "--decoders=dflash", f"--datasets={questions}",
+               "--num_prompts=5", "--max_new_tokens=32", "--check_lossless", "--config.eval.max_prompt_tokens=2048",
+               "--config.eval.batch_size=5", "--config.eval.iteration_sweep=()", f"--out={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert report["padded_prompt_length"] == 2048
+    rows = report["results"][str(questions)]
+    assert rows["dflash"]["n_prompts"] == 5 and rows["dflash"]["lossless"] is True
+    assert rows["dflash"]["new_tokens"] == rows["target"]["new_tokens"] == 5 * 32

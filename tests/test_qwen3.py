@@ -142,26 +142,34 @@ def test_config_to_hf_reads_back_in_transformers(tmp_path, tiny_dirs):
     assert Qwen3Config.from_hf(hf_cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize("name", ["tied_gqa1", "untied_gqa4"])
-def test_the_fused_attention_kernel_equals_the_einsum_path(tiny_dirs, name):
-    """jax.nn.dot_product_attention (cuDNN / TPU attention on accelerators, XLA here) against the
-    einsum path: a training pass (causal), a right-padded prefill into a cache, and a verification
-    block over a partly filled cache, for GQA ratios 1 and 4; both match transformers above."""
-    from xpress_jax.models.layers import DOT_PRODUCT, EINSUM
+@pytest.mark.parametrize("name", ["tied_gqa1", "untied_gqa2", "untied_gqa4"])
+def test_splash_attention_equals_the_einsum_path(tiny_dirs, name):
+    """TPU's splash attention (Pallas, run here in interpret mode) against the einsum path: a
+    training pass (causal) with its gradient, and a right-padded prefill into a cache followed by a
+    verification block over it, for GQA ratios 1, 2 and 4; the einsum path matches transformers above."""
+    import jax
+
+    from xpress_jax.models.kernels import EINSUM, SPLASH, lowering_for
     model = load_qwen3(tiny_dirs[name])
-    tokens = jnp.asarray(random_tokens(model.cfg.vocab_size, (2, 12), seed=3))
+    tokens = jnp.asarray(random_tokens(model.cfg.vocab_size, (2, 128), seed=3))  # splash's tile is 128 keys
     taps = (0, model.cfg.num_hidden_layers - 1)
-    a, b = (model(tokens, tap_layers=taps, attention=k) for k in (EINSUM, DOT_PRODUCT))
+    with lowering_for("tpu", interpret=True):
+        a, b = (model(tokens, tap_layers=taps, attention=k) for k in (EINSUM, SPLASH))
+        grads = [jax.grad(lambda q: model(tokens, attention=k).logits.sum())(model.layers[0].self_attn.q_proj[...])
+                 for k in (EINSUM, SPLASH)]  # a layer's weight as a stand-in for training's gradient
     np.testing.assert_allclose(np.asarray(a.logits), np.asarray(b.logits), atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(a.taps), np.asarray(b.taps), atol=1e-5, rtol=0)
-    lengths = jnp.asarray([12, 7])
+    np.testing.assert_allclose(np.asarray(grads[0]), np.asarray(grads[1]), atol=1e-4, rtol=1e-5)
+    lengths = jnp.asarray([128, 77])  # the second prompt right-padded
     caches = {}
-    for k in (EINSUM, DOT_PRODUCT):
-        out = model(tokens, cache=KVCache.init(model.cfg, 2, 32), num_new=lengths, attention=k)
-        block = model(tokens[:, :5], cache=out.cache, attention=k)  # 5 more tokens over 12 and 7 committed
+    for k in (EINSUM, SPLASH):
+        with lowering_for("tpu", interpret=True):
+            out = model(tokens, cache=KVCache.init(model.cfg, 2, 160), num_new=lengths, attention=k)
+        block = model(tokens[:, :5], cache=out.cache)  # 5 more tokens over 128 and 77 committed (einsum)
         caches[k] = (out, block)
-    for x, y in zip(caches[EINSUM], caches[DOT_PRODUCT]):
+    for x, y in zip(caches[EINSUM], caches[SPLASH]):
         np.testing.assert_allclose(np.asarray(x.logits[0]), np.asarray(y.logits[0]), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.asarray(x.logits[1, :77]), np.asarray(y.logits[1, :77]), atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.asarray(x.logits[1, :5]), np.asarray(y.logits[1, :5]), atol=1e-5, rtol=0)
         np.testing.assert_allclose(np.asarray(x.cache.k[0]), np.asarray(y.cache.k[0]), atol=1e-5, rtol=0)
 

@@ -233,3 +233,15 @@ def test_an_iteration_sweep_runs_one_program():
         assert (per_step[k] <= min(k, BLOCK - 1)).all(), (k, per_step[k])
     assert (per_step[1] == 1).all() and (per_step[8] > 1).any()  # the larger bound runs more iterations
     assert _decode._cache_size() == before + 1
+
+
+def test_answers_of_the_recipes_length_are_lossless_after_a_2000_token_prompt():
+    """The 8B recipe's lengths at tiny width: a 2,000-token prompt (prefilled in chunks of 512) and
+    2,048 new tokens, through a cache of 4,112 slots; DFlash's 2,048 tokens are target-only's."""
+    from xpress_jax.cli import DEFAULT_CONFIG, load_config
+    from xpress_jax.models.build import build_models
+    target, drafter, _ = build_models(load_config(DEFAULT_CONFIG), "", ())
+    prompt = [np.random.default_rng(0).integers(0, 256, 2000).tolist()]
+    base = generate(SpecModels(target), prompt, decoder="target", max_new_tokens=2048, pad_multiple=64)
+    spec = generate(SpecModels(target, drafter), prompt, decoder="dflash", max_new_tokens=2048, pad_multiple=64)
+    assert len(base.tokens[0]) == 2048 and spec.tokens == base.tokens

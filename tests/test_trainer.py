@@ -394,6 +394,8 @@ def test_the_dry_run_proves_the_work_is_split_and_meshes_that_cannot_split_it_ar
     report = dry_run(config)
     assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
     assert 0.97 <= report["flops_ratio"] <= 1.03, report
+    # read from the lowered programs: none on this CPU, splash attention in the step lowered for TPU
+    assert report["fused_attention"] == {"cpu": [], "tpu": ["splash"]}, report
     # no f32 vocabulary-sized array beyond one anchor chunk's logits (32 anchors in chunks of 8)
     assert 0 < report["largest_vocab_f32_bytes"] <= report["chunk_logits_bytes"] == 4 * 2 * 8 * 5 * 4096, report
     for mesh, field, message in (

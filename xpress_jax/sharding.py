@@ -125,6 +125,11 @@ def activations_on(mesh: Mesh | None) -> Iterator[None]:
         _ACTIVATION_MESH.reset(token)
 
 
+def activation_mesh() -> Mesh | None:
+    """The mesh of `activations_on` while a step is traced (None outside it)."""
+    return _ACTIVATION_MESH.get()
+
+
 def with_activations_on(mesh: Mesh, fn):
     """fn, traced with its activations pinned to `mesh` (what jit-compiled steps wrap)."""
     def traced(*args, **kwargs):

@@ -3,7 +3,6 @@ compiles a fixed, small set of decode programs."""
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -21,12 +20,20 @@ def round_up(n: int, multiple: int) -> int:
 
 def bucket_length(longest: int, multiple: int = 1, chunk: int = 0) -> int:
     """The length a batch whose longest prompt has `longest` tokens is padded to: a multiple of
-    `multiple`, and whole prefill chunks once it is longer than one chunk (chunk 0: no chunking).
+    `multiple`, then whole prefill chunks once it is longer than one chunk (chunk 0: no chunking).
+    Rounded in that order, never to a common multiple of the two: a fixed length of 576 with
+    chunks of 512 pads to 1,024, not to their least common multiple (4,608).
     The decode loop compiles once per bucket (and batch size), so this is the compile key."""
     padded = round_up(longest, multiple)
     if chunk and padded > chunk:
-        padded = round_up(longest, math.lcm(multiple, chunk))
+        padded = round_up(padded, chunk)
     return padded
+
+
+def shared_length(lengths: Sequence[int], chunk: int = 0) -> int:
+    """One padded length for prompts of these lengths (an eval's, over every data set): the longest
+    one's bucket. Passed as `multiple`, it pads every one of them to itself, so they share a program."""
+    return bucket_length(max(lengths), PROMPT_BUCKET, chunk)
 
 
 def prompt_buckets(max_prompt: int, multiple: int = PROMPT_BUCKET, chunk: int = 0) -> list[int]:

@@ -31,6 +31,7 @@ from xpress_jax.decoding.verify import greedy_accept, gumbel_noise, speculative_
 from xpress_jax.errors import InputError
 from xpress_jax.methods import DECODERS, HEAD_OF, HEADS, JACOBI
 from xpress_jax.models.drafter import ContextCache, DFlashDrafter, block_inputs
+from xpress_jax.models.kernels import EINSUM, choose_kernel
 from xpress_jax.models.qwen3 import KVCache, Qwen3, write_at
 
 PAD = -1  # fills the output after a sequence stops
@@ -121,12 +122,15 @@ def prefill(target: Qwen3, drafter: DFlashDrafter | None, prompt, prompt_lens, m
     `chunk` > 0 (dividing `padded`): the prompt goes through in chunks of that many tokens in a
     `lax.scan`, so attention scores and activations are those of one chunk, not of the whole
     prompt. Chunk i is written at slots i*chunk.. for every sequence, where the unchunked pass
-    writes it too (prompts are right-padded), and the lengths become the prompts' at the end."""
+    writes it too (prompts are right-padded), and the lengths become the prompts' at the end.
+    Where the platform has a fused causal kernel for the whole prompt (`models/kernels.py`), the
+    prompt goes through whole: that kernel never holds the scores that chunks bound."""
     batch, padded = prompt.shape
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     cache = KVCache.init(target.cfg, batch, max_len, target.dtype)
     ctx = None if drafter is None else ContextCache.init(drafter.cfg, batch, max_len, target.dtype)
-    if not chunk or chunk >= padded:
+    fused = choose_kernel(padded, padded, target.cfg.head_dim, target.dtype) != EINSUM
+    if not chunk or chunk >= padded or fused:
         out = target(prompt, cache=cache, num_new=prompt_lens, tap_layers=taps, logits_at=prompt_lens - 1)
         if drafter is not None:
             ctx = drafter.extend_context(ctx, out.taps, num_new=prompt_lens)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.profile import component_times
 from xpress_jax.decoding.devices import place_on_tensor_mesh, tensor_mesh
-from xpress_jax.decoding.padding import PROMPT_BUCKET, round_up
+from xpress_jax.decoding.padding import shared_length
 from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import InputError
 from xpress_jax.eval.candidates import candidate_mode_agreement
@@ -231,8 +231,8 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     for ds, (prompts, skipped, _) in encoded.items():
         if not prompts:
             raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
-    # one padded prompt length for every dataset: one compiled program per decoder setting
-    pad = round_up(max(len(p) for prompts, _, _ in encoded.values() for p in prompts), PROMPT_BUCKET)
+    # one padded prompt length for every dataset, the longest prompt's bucket: one compiled program per decoder setting
+    pad = shared_length([len(p) for prompts, _, _ in encoded.values() for p in prompts], s.prefill_chunk)
     results, sweep, skipped_long, examples = {}, {}, {}, {}
     for ds in s.datasets:
         prompts, skipped_long[ds], stop_ids = encoded[ds]
@@ -256,7 +256,7 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
                                     **({"branches": m.branches} if DECODERS[m.decoder].loop else {})}
                           for m in methods},
               **describe_checkpoint(methods[0].checkpoint if one_checkpoint else ""),
-              "skipped_long_prompts": skipped_long, "results": results, "iteration_sweep": sweep,
+              "skipped_long_prompts": skipped_long, "padded_prompt_length": pad, "results": results, "iteration_sweep": sweep,
               "examples": examples}
     write_outputs(report, s.out_dir)
     failures = sum(r.get("mismatches", 0) for rows in results.values() for r in rows.values())

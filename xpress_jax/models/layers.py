@@ -88,19 +88,9 @@ def per_row(values: jax.Array, kv_heads: int, order: str = BATCH_MAJOR) -> jax.A
     return jnp.repeat(values, kv_heads) if order == BATCH_MAJOR else jnp.tile(values, kv_heads)
 
 
-EINSUM, DOT_PRODUCT = "einsum", "dot_product"  # attention kernels (`attend`)
-
-
-def long_pass_kernel() -> str:
-    """The kernel for long attention passes (a prefill, a training sequence): jax.nn.dot_product_attention
-    on accelerators, where it is cuDNN's or the TPU's fused attention when the shapes allow;
-    the einsum path on CPUs, whose layouts it was written for (below)."""
-    return EINSUM if jax.default_backend() == "cpu" else DOT_PRODUCT
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kernel: str = EINSUM,
-           order: str = BATCH_MAJOR) -> jax.Array:
-    """Grouped-query softmax attention (f32 scores and softmax).
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, order: str = BATCH_MAJOR) -> jax.Array:
+    """Grouped-query softmax attention under any mask (f32 scores and softmax): XLA's einsums. The
+    long causal passes take a fused kernel where the platform has one (`models/kernels.py`).
 
     q: [batch, q_len, heads, head_dim]; k, v: [batch * kv_heads, kv_len, head_dim] (`kv_rows` in
     `order`, the caches' layout); mask: [batch, q_len, kv_len] bool, True where a query may attend.
@@ -122,10 +112,6 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, kernel: st
     kv_heads = k.shape[0] // batch
     batch_major = order == BATCH_MAJOR
     lead = (batch, kv_heads) if batch_major else (kv_heads, batch)  # the row axis, unmerged
-    if kernel == DOT_PRODUCT:  # the library's kernel: GQA and any mask; keys [batch, kv_len, kv_heads, head_dim]
-        k, v = (jnp.transpose(x.reshape(lead + (-1, head_dim)), (0, 2, 1, 3) if batch_major else (1, 2, 0, 3))
-                for x in (k, v))
-        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=head_dim**-0.5).astype(q.dtype)
     group = heads // kv_heads
     rows = group * q_len
     # [*lead, group, q_len, head_dim]

@@ -16,8 +16,9 @@ from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
-from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_AXES, CACHE_ROWS, EINSUM, RMSNorm, attend, is_scanned,
-                                      kv_rows, layer_stack, long_pass_kernel, param, per_row, scan_layers)
+from xpress_jax.models.kernels import EINSUM, causal_attention, choose_kernel
+from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_AXES, CACHE_ROWS, RMSNorm, attend, is_scanned, kv_rows,
+                                      layer_stack, param, per_row, scan_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,18 +209,19 @@ class Qwen3(nnx.Module):
         """Runs tokens [batch, seq] through the model.
 
         With `cache`, the tokens sit at positions cache.lengths + arange(seq), their keys/values
-        are written there and the returned cache has lengths + num_new (default: seq; a
-        right-padded prefill passes the real lengths). Without a cache, plain causal attention
-        at `positions` (default arange).
+        are written there and the returned cache has lengths + num_new (default: seq). `num_new`
+        marks a prefill: a right-padded prompt into an empty cache, with the real lengths. Without
+        a cache, plain causal attention at `positions` (default arange).
 
         Token trees (multi-branch verification): with a cache, `block_offsets` [seq] replaces
         arange(seq) as the tokens' positions relative to cache.lengths, and `block_mask` [seq, seq]
         (query, key) replaces the causal mask among the new tokens; every token still sees the
         whole committed cache.
 
-        `attention`: the kernel (`layers.attend`); by default the library's fused attention on
-        accelerators for a pass without a cache (training) or a prefill (`num_new`), and the
-        einsum path for decoding and verification over a partly filled cache.
+        `attention`: the kernel (`models/kernels.py`); by default the platform's fused causal
+        kernel for a pass without a cache at the default positions (training) and a prefill
+        (`num_new`), where the shapes allow it, and the einsum path (`layers.attend`) for the
+        rest: decoding and verification over a partly filled cache, token trees.
 
         `logits_at` [batch]: the logits of that one position per sequence only, [batch, 1, vocab]
         (a prefill reads one row; [batch, seq, vocab] f32 logits of a long prompt would not fit).
@@ -241,24 +243,30 @@ class Qwen3(nnx.Module):
         else:
             if block_offsets is not None or block_mask is not None:
                 raise ValueError("block_offsets and block_mask describe tokens appended to a cache; pass a cache")
+            causal_from_zero = positions is None
             if positions is None:
                 positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
             mask = positions[:, None, :] <= positions[:, :, None]  # [batch, seq, seq]
 
         if attention is None:
-            attention = long_pass_kernel() if cache is None or num_new is not None else EINSUM
+            causal = causal_from_zero if cache is None else (num_new is not None and block_mask is None
+                                                            and block_offsets is None)
+            attention = choose_kernel(seq, seq, self.cfg.head_dim, self.dtype) if causal else EINSUM
         x = constrain(self.embed(tokens), ACTIVATION_AXES)  # [batch, seq, hidden]
 
         def own_keys(q, k, v, written, _, i):  # attention over this pass's keys (and the cache's)
+            # a fused kernel reads this pass's own keys: without a cache, or in a prefill (empty cache)
+            fused = None if attention == EINSUM else causal_attention(q, k, v, attention)
             if cache is None:
-                return attend(q, kv_rows(k), kv_rows(v), mask, attention), written
+                return (attend(q, kv_rows(k), kv_rows(v), mask) if fused is None else fused), written
             # k, v: [kv_heads * batch, max_len, head_dim] after the write; the written buffers accumulate
             k, v = write_kv(cache.k[i], k, cache.lengths), write_kv(cache.v[i], v, cache.lengths)
             k, v = constrain(k, CACHE_AXES), constrain(v, CACHE_AXES)  # the target's cache split with its KV heads
-            return attend(q, k, v, mask, attention, CACHE_ROWS), written + ((k, v),)
+            return (attend(q, k, v, mask, CACHE_ROWS) if fused is None else fused), written + ((k, v),)
 
         last = num_layers - 1  # its tap is read after the final norm, as HF reports it
-        inner = [i for i in tap_layers if i != last]
+        # one tap row per distinct layer: DFlash's spacing repeats layers of a shallow target (6 layers, 5 taps: 1, 2, 2, 2, 3)
+        inner = list(dict.fromkeys(i for i in tap_layers if i != last))
         x, written, inner_taps = scan_layers(
             self.layers, x, positions, own_keys, carry=(),
             tap_rows=[inner.index(i) if i in inner else -1 for i in range(num_layers)] if inner else None)

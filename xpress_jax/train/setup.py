@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from xpress_jax import sharding
 from xpress_jax.errors import ConfigError
+from xpress_jax.models import kernels
 from xpress_jax.models.build import build_target, build_trainable, target_config
 from xpress_jax.models.layers import unrolled_loops
 from xpress_jax.train import state as st
@@ -153,7 +154,21 @@ def compile_step(config, compiler_options: dict | None = None):
     return setup, lowered.compile(compiler_options=compiler_options)
 
 
-def dry_run(config, *, model_flops: float | None = None) -> dict:
+def fused_attention(config, platform: str) -> list[str]:
+    """The fused attention kernels (`models.kernels`) in the train step lowered for `platform`, read
+    from the lowered program's text: on this backend as it compiles, elsewhere through jax.export
+    (a TPU program lowers from any host; cuDNN's kernel lowers only with a GPU present)."""
+    with kernels.lowering_for(platform):
+        setup = Setup(config, abstract=True)  # traced anew: jit's trace cache does not key on the platform
+        args = (setup.abstract_state, setup.target_params, setup.abstract_batch())
+        if platform == jax.default_backend():
+            text = setup.step.lower(*args).as_text()
+        else:
+            text = jax.export.export(setup.step, platforms=[platform])(*args).mlir_module()
+    return kernels.kernels_in(text)
+
+
+def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",)) -> dict:
     """Compiles the train step on abstract arrays and reports, per device: argument, output,
     temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
     step's model FLOPs (forward of the target, forward and backward of the drafter and heads,
@@ -163,7 +178,8 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
     chunk (the same work), since XLA counts a loop body once, and with CSE off
     (`FLOPS_COUNTING`). A caller that knows the model FLOPs passes them and saves the one-device
     compile. `largest_vocab_f32_bytes` is at most `chunk_logits_bytes` when no f32 logits beyond
-    one anchor chunk's are held."""
+    one anchor chunk's are held. `fused_attention`: per platform (this backend and `platforms`),
+    the fused attention kernels the step's lowered program holds."""
     refuse_uneven_mesh(config)
     setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
@@ -200,4 +216,6 @@ def dry_run(config, *, model_flops: float | None = None) -> dict:
             model_flops = compiled_flops(compile_step(one_device, FLOPS_COUNTING)[1]) if devices > 1 else flops
     report.update(flops_per_device=flops, model_flops=model_flops,
                   flops_ratio=round(flops * devices / model_flops, 3) if flops and model_flops else None)
+    report["fused_attention"] = {p: fused_attention(config, p) for p in dict.fromkeys((jax.default_backend(),
+                                                                                      *platforms))}
     return report
