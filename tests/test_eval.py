@@ -371,3 +371,59 @@ def test_the_recipes_prompt_lengths_pad_to_the_longest_prompts_bucket_and_decode
     rows = report["results"][str(questions)]
     assert rows["dflash"]["n_prompts"] == 5 and rows["dflash"]["lossless"] is True
     assert rows["dflash"]["new_tokens"] == rows["target"]["new_tokens"] == 5 * 32
+
+
+def test_the_lossless_reference_follows_the_arithmetic_of_the_run(monkeypatch):
+    """eval.lossless_reference=auto: one-token target-only decoding where it rounds as the verify
+    pass does (float32 on a CPU); the method's own verify pass in bf16, and in float32 on a GPU,
+    whose float32 matmuls run in TF32 by default. An explicit choice is kept."""
+    import jax
+    import jax.numpy as jnp
+    from xpress_jax.eval.evaluate import lossless_reference
+    assert lossless_reference("auto", jnp.float32) == "target_only"
+    assert lossless_reference("auto", jnp.bfloat16) == "verify_pass"
+    assert lossless_reference("target_only", jnp.bfloat16) == "target_only"
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert lossless_reference("auto", jnp.float32) == "verify_pass"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
+    """The negative control: the shipped tiny target and drafter with an acceptance rule that
+    commits one draft token more than the target verified. Against the verify-pass reference (its
+    loop offers no draft to the rule, so the bug cannot reach it) the check fails, in float32 and
+    in bf16; with the rule as it is, the same check passes."""
+    import jax
+    import jax.numpy as jnp
+    from xpress_jax import assets
+    from xpress_jax.checkpoints.hf_drafter import load_drafter
+    from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
+    from xpress_jax.data.chat import load_tokenizer, prompt_ids
+    from xpress_jax.decoding import speculative
+    from xpress_jax.decoding.verify import greedy_accept
+    from xpress_jax.eval.evaluate import lossless_check
+    tok = load_tokenizer(assets.TINY_TARGET)
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in load_questions("gsm8k", 4)]
+    dt = jnp.dtype(dtype)
+    models = speculative.SpecModels(load_qwen3(assets.TINY_TARGET, dtype=dt, param_dtype=dt),
+                                    load_drafter(assets.TINY_DFLASH, dtype=dt, param_dtype=dt))
+    kw = dict(max_new_tokens=48, pad_multiple=64)
+
+    def off_by_one(draft, target_logits):  # [batch, n], [batch, n+1, vocab]
+        acc, _ = greedy_accept(draft, target_logits)
+        acc = jnp.minimum(acc + 1, draft.shape[1])
+        return acc, jnp.take_along_axis(jnp.argmax(target_logits, -1), acc[:, None], axis=1)[:, 0].astype(jnp.int32)
+
+    def check():
+        reference = speculative.generate(models, prompts, reject_drafts=True, **kw).tokens
+        return lossless_check(models.target, prompts, speculative.generate(models, prompts, **kw).tokens, reference)
+
+    assert check()["lossless"] is True
+    jax.clear_caches()  # the decode loop is traced anew with the bug
+    monkeypatch.setattr(speculative, "greedy_accept", off_by_one)
+    try:
+        report = check()
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+    assert report["lossless"] is False and report["mismatches"] >= 2, report

@@ -10,7 +10,7 @@ from xpress_jax.models.drafter import DFLASH_BLOCK_SIZE, DFLASH_DRAFT_LAYERS
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-LOSSLESS_REFERENCES = ("target_only", "verify_pass")  # eval.lossless_reference
+LOSSLESS_REFERENCES = ("auto", "target_only", "verify_pass")  # eval.lossless_reference
 
 
 # the dotted config keys the current command line set (`--config.a.b=V`), kept by cli: where a
@@ -118,8 +118,10 @@ def evaluation_defaults() -> dict:
         "verify_tokens": 0,
         # what --check_lossless compares each method with at temperature 0: "target_only" (one
         # token a step) or "verify_pass" (target-only decoding through the method's own loop with
-        # every draft refused: the same verification pass, row 0 read; exact in bf16 too)
-        "lossless_reference": "target_only",
+        # every draft refused: the same verification pass, row 0 read; exact in bf16 and TF32 too);
+        # "auto": target_only where its arithmetic equals the verify pass's (float32 on a CPU),
+        # verify_pass elsewhere (eval.evaluate.lossless_reference)
+        "lossless_reference": "auto",
         # local devices the target's heads, MLP width and vocabulary are split over, for a target
         # too large for one device (drafter and heads replicated; decoding/devices.py)
         "tensor_parallel": 1,

@@ -48,8 +48,8 @@ flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per prompt.", f
 flags.DEFINE_float("temperature", None, "0: greedy; > 0: speculative sampling.", flag_values=FLAGS)
 flags.DEFINE_string("out", None, "Output directory.", flag_values=FLAGS)
 flags.DEFINE_bool("check_lossless", False, "At temperature 0, exit 1 if any output differs from the target-only "
-                  "reference: one token a step, or with --config.eval.lossless_reference=verify_pass the method's own "
-                  "verification pass with every draft refused (exact in bf16).", flag_values=FLAGS)
+                  "reference: one token a step (float32 on a CPU), or the method's own verification pass with every "
+                  "draft refused (elsewhere: exact in bf16 and TF32; eval.lossless_reference).", flag_values=FLAGS)
 
 # flag -> EvalSettings field
 OVERRIDES = {"datasets": "datasets", "decoders": "decoders", "num_prompts": "num_prompts",
@@ -82,8 +82,8 @@ def main(config):
     print(f"results: {os.path.join(s.out_dir, 'results.json')}; plots: acceptance.png"
           f"{', tau_vs_iterations.png' if report['iteration_sweep'] else ''}")
     if failures:
-        print(f"error: {failures} outputs differ from the target-only reference ({s.lossless_reference}; not lossless)",
-              file=sys.stderr)
+        print(f"error: {failures} outputs differ from the target-only reference "
+              f"({report['settings']['lossless_reference']}; not lossless)", file=sys.stderr)
         return 1
     return 0
 
