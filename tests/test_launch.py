@@ -125,3 +125,23 @@ def test_two_processes_agree_and_resume_bitwise_after_sigkill(tmp_path):
     with open(tmp_path / "straight" / "log.jsonl") as f:
         first = json.loads(f.readline())
     assert first["step"] == 1 and first["tokens"] == sum(int(np.sum(h["ids"] != pad_id(tokenizer))) for h in halves)
+
+
+def test_a_sigterm_to_one_of_two_processes_saves_one_step_on_both():
+    """A preemption notice reaches one process of two, at a step of its own: jax.distributed's
+    preemption service makes both agree on one later step, both save it (the collective Orbax
+    save) and exit cleanly, and both report that step."""
+    import tempfile
+    import time
+    out_dir = tempfile.mkdtemp(prefix="sigterm_two_")
+    run = start_two_processes(out_dir, "--config.train.steps=100000", "--config.train.save_every=100000")
+    deadline = time.time() + 300
+    while not os.path.exists(os.path.join(out_dir, "log.jsonl")) or os.path.getsize(os.path.join(out_dir, "log.jsonl")) < 2:
+        assert run.poll() is None and time.time() < deadline, run.stderr.read()[-3000:]
+        time.sleep(0.2)
+    children = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) == 2, children
+    os.kill(int(children[1]), signal.SIGTERM)  # the second process only
+    finals = [json.loads(line) for line in finish(run, timeout=300).strip().splitlines() if line.startswith("{")]
+    assert len(finals) == 2 and finals[0]["step"] == finals[1]["step"] < 100000, finals
+    assert checkpoint_steps(out_dir)[-1] == finals[0]["step"]  # (Orbax also saves a run's first step)

@@ -19,6 +19,7 @@ import time
 from typing import Callable, Iterator
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 from tqdm import tqdm
 
@@ -109,7 +110,11 @@ def run_loop(step_fn: Callable, state, batches: Iterator[dict], *, section, tota
     metrics hold at least `loss` and `finite`. `postfix` maps a metric to its name on the progress
     bar. Returns (state, step reached, the last logged metrics with tokens and tokens_per_s)."""
     stop = {"signal": None}
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
+    # Several processes each see a SIGTERM at a step of their own. jax.distributed's preemption
+    # service catches it in any of them and makes every process agree on one later step to save
+    # (the Orbax save is collective: processes saving different steps would hang or mix steps).
+    several = jax.process_count() > 1
+    previous = None if several else signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(signal=signum))
     logger = MetricsLog(out_dir)
     end = total_steps if stop_after is None else min(total_steps, start + stop_after)
     bar = tqdm(total=total_steps, initial=start, desc=desc, dynamic_ncols=True, disable=jax.process_index() != 0)
@@ -147,6 +152,8 @@ def run_loop(step_fn: Callable, state, batches: Iterator[dict], *, section, tota
                 logger.write(step, last)
                 bar.set_postfix({name: f"{last[k]:.3f}" for k, name in postfix.items() if k in last})
             bar.update(1)
+            if several and multihost_utils.reached_preemption_sync_point(step):  # the same step everywhere
+                stop["signal"] = signal.SIGTERM
             saving = stop["signal"] is not None or step == total_steps or ckpt.manager.should_save(step)
             if saving and bool(pending):  # only here does the loop wait for the current step
                 ckpt.save(step, state, batches.get_state(), force=stop["signal"] is not None)
@@ -161,5 +168,6 @@ def run_loop(step_fn: Callable, state, batches: Iterator[dict], *, section, tota
         bar.close()
         ckpt.close()
         logger.close()
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return state, step, last
