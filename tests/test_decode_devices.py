@@ -111,3 +111,46 @@ def test_a_target_split_over_four_devices_decodes_the_same_tokens_with_a_quarter
         found = collectives(parts.as_text())
         assert set(found) <= {"all-reduce", "all-gather"} and found.get("all-reduce"), (batch, found)
         assert max(found.get("all-gather", [0])) < 64, (batch, found)  # under one hidden state: the argmax's values
+
+
+def test_a_tensor_split_target_loads_shard_by_shard(tmp_path, monkeypatch):
+    """eval.tensor_parallel=8 on 8 simulated devices: the target's weights go from the safetensors
+    straight to their shards. After every tensor placed, no device holds more than an eighth of
+    the target plus one layer (measured from the live arrays' shards), and the split target's
+    logits are the whole one's."""
+    import jax
+    import jax.numpy as jnp
+    from conftest import make_hf_qwen3
+    from xpress_jax.cli import DEFAULT_CONFIG, with_overrides
+    from xpress_jax.eval.evaluate import build_methods
+    from xpress_jax.models.build import build_target
+    hf_dir = make_hf_qwen3(str(tmp_path / "t"), vocab_size=512, num_layers=4, hidden_size=64,
+                           num_attention_heads=8, num_key_value_heads=8, head_dim=16)
+    config = with_overrides(DEFAULT_CONFIG, **{"target.hf_dir": hf_dir})
+
+    def per_device() -> dict:
+        held = {}
+        for a in jax.live_arrays():
+            for shard in a.addressable_shards:
+                held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+        return held
+
+    before, peak = per_device(), {}
+    place = jax.make_array_from_callback
+
+    def placed(*args, **kwargs):
+        out = place(*args, **kwargs)
+        for device, held in per_device().items():
+            peak[device] = max(peak.get(device, 0), held - before.get(device, 0))
+        return out
+
+    monkeypatch.setattr(jax, "make_array_from_callback", placed)
+    target, _ = build_methods(config, [], "float32", tensor_parallel=8)
+    monkeypatch.undo()
+    params = jax.tree.leaves(nnx.state(target, nnx.Param))
+    total = sum(p.nbytes for p in params)
+    one_layer = sum(p.nbytes for p in jax.tree.leaves(nnx.state(target.layers[0], nnx.Param)))
+    assert len(peak) == 8 and max(peak.values()) <= total / 8 + one_layer, (peak, total, one_layer)
+    whole = build_target(config)
+    tokens = jnp.asarray([[1, 2, 3, 4, 5]])
+    np.testing.assert_allclose(np.asarray(target(tokens).logits), np.asarray(whole(tokens).logits), atol=1e-5)

@@ -133,7 +133,7 @@ def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_para
     and heads held and computed in `drafter_dtype`. tensor_parallel > 1: the target split over
     that many local devices, the drafters and heads replicated on them (decoding/devices.py)."""
     mesh = tensor_mesh(tensor_parallel, target_config(config))  # a bad count is refused before any weight is read
-    target = build_target(config)
+    target = build_target(config, mesh=mesh)  # shard by shard: the split targets are those no device holds whole
     dtypes = {"dtype": dtype(drafter_dtype), "param_dtype": dtype(drafter_dtype)}
     drafters = {ckpt: build_drafter(config, target, ckpt, dtypes)
                 for ckpt in dict.fromkeys(m.checkpoint for m in methods)}

@@ -84,7 +84,7 @@ def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max
     todo = [r for r in records if r["id"] not in finished]
     print(f"regenerate: {len(records)} records, {len(finished)} already regenerated, {len(todo)} to go",
           file=sys.stderr)
-    model = build_target(config)
+    model = build_target(config, mesh=split)  # a split target goes to its shards weight by weight
     if mesh is not None:  # the weights go to every device once, not with every batch
         nnx.update(model, replicate(nnx.state(model), mesh))
     if split is not None:

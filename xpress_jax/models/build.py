@@ -9,9 +9,11 @@ import json
 import logging
 import os
 
+import jax
 import ml_collections
 from flax import nnx
 
+from xpress_jax import sharding
 from xpress_jax.config import MASK_FROM_TOKENIZER, dtype, set_on_command_line
 from xpress_jax.errors import CheckpointError, ConfigError
 from xpress_jax.methods import HEAD_OF, HEADS, head_kwargs
@@ -102,9 +104,11 @@ def target_dtypes(config) -> dict:
 # ---- models ----
 
 def build_target(config, *, mesh=None, abstract: bool = False, scan: bool = False) -> Qwen3:
-    """The target of a config: loaded from `target.hf_dir` (sharded over `mesh` when given), or
-    randomly initialised from `seed`; `abstract`: shapes and dtypes only, nothing allocated;
-    `scan`: the layers stacked for training's scan, else unrolled for decoding."""
+    """The target of a config: loaded from `target.hf_dir`, or randomly initialised from `seed`;
+    with `mesh`, each weight goes straight to its shards (split by its logical axes), so no device
+    ever holds more than its share of the target and one tensor in flight. `abstract`: shapes and
+    dtypes only, nothing allocated; `scan`: the layers stacked for training's scan, else unrolled
+    for decoding."""
     kw = target_dtypes(config)
     if config.target.hf_dir and not abstract:
         from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
@@ -112,7 +116,14 @@ def build_target(config, *, mesh=None, abstract: bool = False, scan: bool = Fals
     if not config.target.hf_dir:
         log.info("no target.hf_dir: random target (seed %d)", config.seed)
     make = lambda: Qwen3(target_config(config), rngs=nnx.Rngs(config.seed), scan=scan, **kw)  # noqa: E731
-    return nnx.eval_shape(make) if abstract else make()
+    if abstract:
+        return nnx.eval_shape(make)
+    if mesh is None:
+        return make()
+    graphdef, shapes = nnx.split(nnx.eval_shape(make))
+    placed = jax.tree.map(lambda v: sharding.named_sharding(v.get_metadata().get("axes", ()), v.shape, mesh), shapes,
+                          is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, jax.jit(lambda: nnx.state(make()), out_shardings=placed)())
 
 
 def new_drafter(config, dcfg: DrafterConfig, dtypes: dict | None = None, scan: bool = False) -> DFlashDrafter:
