@@ -59,9 +59,22 @@ def run_gpu_script(out, budget_s=None):
         return r, [json.loads(line) for line in f]
 
 
+def test_the_gpu_scripts_stage_limits_fit_its_budget_and_its_install_is_outside_it():
+    import re
+    script = open(os.path.join(ROOT, "benchmarks", "gpu.sh")).read()
+    budget = int(re.search(r"GPU_SH_BUDGET_S:-(\d+)", script).group(1))
+    real = script[script.index("\nelse\n"):]  # the accelerator branch's stages
+    limits = {name: int(limit) for name, limit in re.findall(r"stage (\w+) (\d+) ", real)}
+    assert list(limits) == ["parity", "decode", "dry_run", "heads", "e2e", "train"]
+    assert sum(limits.values()) < budget, limits
+    assert script.index("pip install") < script.index("started=$SECONDS")
+
+
 def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_path):
-    """benchmarks/gpu.sh --dry_run: every stage at tiny sizes on this CPU (the plumbing an H200 run
-    depends on), each recorded as it ends; the heads and train suites' figures and plots."""
+    """benchmarks/gpu.sh --dry_run on this CPU, each stage recorded as it ends: the decode and
+    dry_run stages compile their real Qwen3-8B programs on abstract weights (the decode loops of
+    target-only decoding and DFlash, the train step with its attention kernel lowered for TPU);
+    the others run at tiny sizes, with the heads and train suites' figures and plots."""
     r, stages = run_gpu_script(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [s["stage"] for s in stages] == ["parity", "decode", "dry_run", "heads", "e2e", "train"]
@@ -71,7 +84,14 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
                  "exact_in_bf16"):
         assert test in collected, test
     with open(tmp_path / "dry_run.json") as f:
-        assert json.load(f)["flops_per_device"] > 0
+        dry = json.load(f)
+    assert dry["complete"] and dry["flops_per_device"] > 0 and dry["target_params"] == 8_190_735_360
+    assert dry["fused_attention"] == {"cpu": [], "tpu": ["splash"]}
+    with open(tmp_path / "decode.json") as f:
+        decode = json.load(f)
+    assert decode["complete"] and decode["shapes"]["target_layers"] == 36 and decode["shapes"]["vocab"] == 151936
+    compiled = decode["contexts"]["1024"]["1"]
+    assert list(compiled) == ["target", "dflash"] and all(c["compile_s"] > 0 for c in compiled.values())
     with open(tmp_path / "e2e" / "results.json") as f:
         e2e = json.load(f)
     assert e2e["results"]["gsm8k"]["dflash"]["lossless"] is True
@@ -123,6 +143,17 @@ def test_the_gpu_script_records_the_stages_its_budget_leaves_out(tmp_path):
     r, stages = run_gpu_script(tmp_path, budget_s=19)
     assert r.returncode == 0 and [s["status"] for s in stages] == ["skipped"] * 6, (r.stderr, stages)
     assert "budget is spent" in r.stderr
+
+
+def test_the_decode_suite_reports_each_variant_as_it_is_measured():
+    """A cut run keeps what it measured: progress() after each variant, with the rows so far."""
+    from xpress_jax.bench.decode import chosen_variants, suite
+    from xpress_jax.cli import load_config
+    seen = []
+    suite(load_config(os.path.join(ROOT, "configs", "tiny.py")), contexts=(16,), batches=(1,), new_tokens=8,
+          variants=chosen_variants(["dflash", "markov"]), compile_only=True,
+          progress=lambda partial: seen.append(list(partial["contexts"]["16"]["1"])))
+    assert seen == [["target"], ["target", "dflash"], ["target", "dflash", "markov"]]
 
 
 def test_decode_suite_reports_every_decoder_against_target_only(tmp_path):

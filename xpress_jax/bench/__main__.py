@@ -1,7 +1,8 @@
 """python -m xpress_jax.bench --suite=heads|e2e|decode|train|all [--out=DIR]
 
 Each suite writes DIR/SUITE.json (date, device, jax version, shapes, every figure) and its PNG
-plots, and prints a short summary. `--config` gives the shapes of the heads suite and the large
+plots, and prints a short summary; while it runs, SUITE.json holds what it has measured so far
+("complete": false). `--config` gives the shapes of the heads suite and the large
 config of the train suite's memory report (default configs/qwen3_8b.py). The e2e suite projects
 early stop's latency onto the heads suite's latency-vs-iterations line: from the same run, or from the
 heads.json an earlier run left in DIR. The decode suite times one decode-loop step of every
@@ -53,6 +54,8 @@ flags.DEFINE_list("decode_set", [], "decode: overrides of --decode_config's fiel
                   flag_values=FLAGS)
 flags.DEFINE_list("decode_variants", [], "decode: time only these labels (target-only is always timed); default all.",
                   flag_values=FLAGS)
+flags.DEFINE_bool("compile_only", False, "decode: compile each variant's loop on abstract weights and report the "
+                  "seconds (nothing allocated, nothing run): an 8B rehearsal on a small host.", flag_values=FLAGS)
 flags.DEFINE_list("verify_tokens", ["0"], "decode: draft tokens the target verifies per step (0: the whole block); "
                   "each drafter variant is timed at each, labelled LABEL_vM for M > 0.", flag_values=FLAGS)
 flags.DEFINE_string("train_config", cli.config_path("tiny.py"), "train: the config whose step is timed.",
@@ -73,12 +76,20 @@ def machine() -> dict:
             "python": platform.python_version(), "jax": jax.__version__}
 
 
+def partial_writer(out: str, suite: str, **fields):
+    """progress(result so far) for a suite: OUT/SUITE.json with "complete": false, so a run cut
+    short (gpu.sh's stage limits) keeps every figure measured before the cut."""
+    return lambda partial: atomic.write_json(os.path.join(out, f"{suite}.json"),
+                                             {"suite": suite, "complete": False, **machine(), **fields, **partial})
+
+
 def run_heads(config, out: str) -> dict:
     from xpress_jax.report import plots
     from xpress_jax.bench import heads
     with config.unlocked():
         config.dtype = config.param_dtype = FLAGS.dtype
-    result = heads.suite(config, batches=[int(b) for b in FLAGS.batches], context=FLAGS.context, reps=FLAGS.reps)
+    result = heads.suite(config, batches=[int(b) for b in FLAGS.batches], context=FLAGS.context, reps=FLAGS.reps,
+                         progress=partial_writer(out, "heads"))
     plots.latency_against_iterations(result, os.path.join(out, "heads-latency_vs_iterations.png"))
     plots.draft_step_breakdown(result, os.path.join(out, "heads-draft_step.png"))
     for batch, r in result["batches"].items():
@@ -126,8 +137,17 @@ def run_decode(out: str) -> dict:
     result = decode.suite(config, contexts=[int(c) for c in FLAGS.contexts], batches=[int(b) for b in FLAGS.batches],
                           new_tokens=FLAGS.decode_tokens, reps=FLAGS.reps,
                           variants=decode.chosen_variants(FLAGS.decode_variants),
-                          verify_tokens=[int(m) for m in FLAGS.verify_tokens])
+                          verify_tokens=[int(m) for m in FLAGS.verify_tokens],
+                          progress=partial_writer(out, "decode", config=FLAGS.decode_config,
+                                                  overrides=list(FLAGS.decode_set)),
+                          compile_only=FLAGS.compile_only)
     result = {"config": FLAGS.decode_config, "overrides": list(FLAGS.decode_set), **result}
+    if FLAGS.compile_only:
+        for context, by_batch in result["contexts"].items():
+            for batch, rows in by_batch.items():
+                print(f"decode context {context}, batch {batch}, compiled: " + ", ".join(
+                    f"{label} {r['trace_and_lower_s']:.1f} + {r['compile_s']:.1f} s" for label, r in rows.items()))
+        return result
     plots.break_even_tau(result, os.path.join(out, "decode-break_even_tau.png"))
     for context, by_batch in result["contexts"].items():
         for batch, rows in by_batch.items():
@@ -143,7 +163,7 @@ def run_train(config_path: str, out: str) -> dict:
     from xpress_jax.bench.scaling import scaling_table
     from xpress_jax.report import plots
     result = train.suite(FLAGS.train_config, config_path, steps=FLAGS.train_steps, chunks=anchor_chunks(),
-                         heads=frozen_heads(), scaling_devices=scaling_devices())
+                         heads=frozen_heads(), scaling_devices=scaling_devices(), progress=partial_writer(out, "train"))
     for name, v in result["variants"].items():
         print(f"train {name}: {v['tokens_per_s']:.0f} tokens/s ({v['relative_to_fastest']:.2f} of the fastest)")
     for head, v in result["frozen_drafter"].items():
@@ -205,7 +225,7 @@ def main(config):
         else:
             results[suite] = run_train(config_path, out)
         path = os.path.join(out, f"{suite}.json")
-        atomic.write_json(path, {"suite": suite, **machine(), **results[suite]})
+        atomic.write_json(path, {"suite": suite, "complete": True, **machine(), **results[suite]})
         print(f"wrote {path}")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from flax import nnx
 
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.errors import InputError
@@ -49,10 +50,12 @@ def chosen_variants(labels) -> tuple:
     return tuple(v for v in VARIANTS if not labels or v[0] in labels or v[0] == "target")
 
 
-def step_seconds(models, prompts, decoder: str, settings: DecodeSettings, *, new_tokens: int, reps: int) -> dict:
-    """Seconds per loop step of `decoder` on `prompts` (a batch of equal-length id lists)."""
+def step_seconds(models, prompts, decoder: str, settings: DecodeSettings, *, new_tokens: int, reps: int,
+                 max_len: int | None = None) -> dict:
+    """Seconds per loop step of `decoder` on `prompts` (a batch of equal-length id lists), with a
+    cache of `max_len` slots (default: just enough)."""
     from xpress_jax.decoding.speculative import generate
-    max_len = len(prompts[0]) + new_tokens + models.drafter.cfg.block_size * settings.branches
+    max_len = max_len or len(prompts[0]) + new_tokens + models.drafter.cfg.block_size * settings.branches
     kw = dict(decoder=decoder, settings=settings, max_len=max_len)
     whole, out = fastest_seconds(lambda: generate(models, prompts, max_new_tokens=new_tokens, **kw), reps)
     outside, _ = fastest_seconds(lambda: generate(models, prompts, max_new_tokens=1, **kw), reps)
@@ -62,6 +65,32 @@ def step_seconds(models, prompts, decoder: str, settings: DecodeSettings, *, new
                          f"{outside:.4f} s): too few to time; raise the number of tokens or the repetitions")
     return {"seconds_per_step": (whole - outside) / steps, "steps": steps,
             "tokens_per_step": float(out.stats["committed"].sum() / out.stats["steps"].sum())}
+
+
+def compile_seconds(models, decoder: str, settings: DecodeSettings, *, batch: int, prompt_len: int,
+                    new_tokens: int) -> dict:
+    """Seconds to trace + lower and to compile `decoder`'s whole decode loop (prefill, then the
+    while loop) on `models`, which may be abstract (`nnx.eval_shape`): the program a run at these
+    shapes compiles, with nothing allocated, so an 8B loop compiles on a small host."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from xpress_jax.decoding.speculative import TRACED, DecodeOptions, _decode
+    from xpress_jax.methods import DECODERS
+    width = models.drafter.cfg.block_size * settings.branches if DECODERS[decoder].drafter else 1
+    opts = DecodeOptions(decoder=decoder, greedy=True, max_len=prompt_len + new_tokens + width,
+                         settings=dataclasses.replace(settings.for_decoder(decoder), max_iters=TRACED))
+    graphdef, state = nnx.split(models)
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    t0 = time.perf_counter()
+    lowered = _decode.lower(graphdef, state, i32(batch, prompt_len), i32(batch), i32(2), jax.random.key(0),
+                            jnp.float32(1.0), jnp.int32(new_tokens), jnp.int32(settings.max_iters), opts)
+    t1 = time.perf_counter()
+    lowered.compile()
+    return {"trace_and_lower_s": round(t1 - t0, 2), "compile_s": round(time.perf_counter() - t1, 2)}
 
 
 def with_verify_tokens(variants, verify_tokens) -> tuple:
@@ -75,10 +104,12 @@ def with_verify_tokens(variants, verify_tokens) -> tuple:
 
 
 def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, reps: int = 3,
-          variants=VARIANTS, verify_tokens=(0,)) -> dict:
+          variants=VARIANTS, verify_tokens=(0,), progress=lambda partial: None, compile_only: bool = False) -> dict:
     """For each context length (prompt tokens) and batch size: every variant's seconds per step and
     its break-even tau (its step over target-only decoding's step), each drafter variant at each
-    verify length of `verify_tokens`."""
+    verify length of `verify_tokens`. `progress(result so far)` after each variant.
+    compile_only: on abstract weights, each variant's loop compiled and not run (`compile_seconds`):
+    what a run at these shapes compiles, on any host."""
     from xpress_jax.models.build import build_target, new_drafter, new_head, drafter_config
     from xpress_jax.decoding.speculative import SpecModels
     from xpress_jax.methods import HEAD_OF
@@ -88,13 +119,15 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
     if config.target.hf_dir:
         raise InputError("the decode suite times random weights at a config's shapes; give a config without "
                          "target.hf_dir (costs do not depend on the weights)")
-    target = build_target(config)
-    drafter = new_drafter(config, drafter_config(config, target.cfg))
+    target = build_target(config, abstract=compile_only)
+    build = nnx.eval_shape if compile_only else (lambda make: make())
+    drafter = build(lambda: new_drafter(config, drafter_config(config, target.cfg)))
     for m in verify_tokens:
         if not 0 <= m < drafter.cfg.block_size:
             raise InputError(f"verify_tokens {m} is outside 0..{drafter.cfg.block_size - 1} (block {drafter.cfg.block_size})")
     variants = with_verify_tokens(variants, verify_tokens)
-    heads = {name: new_head(name, config, drafter.cfg) for name in {HEAD_OF[d] for _, d, _ in variants} - {None}}
+    heads = {name: build(lambda name=name: new_head(name, config, drafter.cfg))
+             for name in {HEAD_OF[d] for _, d, _ in variants} - {None}}
     rng = np.random.default_rng(config.seed)
     vocab = target.cfg.vocab_size
     out = {"new_tokens": new_tokens, "reps": reps,
@@ -105,10 +138,15 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
     for context in contexts:
         for batch in batches:
             prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
-            rows = {label: step_seconds(SpecModels(target, drafter, heads.get(HEAD_OF[decoder])), prompts,
-                                        decoder, settings, new_tokens=new_tokens, reps=reps)
-                    for label, decoder, settings in variants}
+            rows = out["contexts"].setdefault(str(context), {}).setdefault(str(batch), {})
+            for label, decoder, settings in variants:
+                models = SpecModels(target, drafter, heads.get(HEAD_OF[decoder]))
+                rows[label] = (compile_seconds(models, decoder, settings, batch=batch, prompt_len=context,
+                                               new_tokens=new_tokens) if compile_only else
+                               step_seconds(models, prompts, decoder, settings, new_tokens=new_tokens, reps=reps))
+                progress(out)
+            if compile_only:
+                continue
             for r in rows.values():
                 r["break_even_tau"] = r["seconds_per_step"] / rows["target"]["seconds_per_step"]
-            out["contexts"].setdefault(str(context), {})[str(batch)] = rows
     return out

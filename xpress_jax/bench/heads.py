@@ -47,7 +47,8 @@ def build(config, seed: int = 0) -> dict:
             "heads": heads}
 
 
-def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: dict | None = None) -> dict:
+def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: dict | None = None,
+          progress=lambda partial: None) -> dict:
     m = build(config)
     tcfg, dcfg, table = m["target_cfg"], m["drafter_cfg"], m["table"]
     peaks = peaks or costs.machine_peaks(reps)
@@ -124,4 +125,5 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
                                                                "xpress_it4_top32")}},
             "early_stop_iterations_random_weights": used,
             "candidate_agreement_random_weights": agreement}
+        progress(out)  # each batch's figures as they are measured
     return out

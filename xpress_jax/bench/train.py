@@ -97,7 +97,7 @@ def scaling_on_simulated_devices(config_path: str, devices) -> dict:
 
 
 def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chunks=None,
-          heads=("markov", "xpress"), scaling_devices=(1, 2, 4, 8)) -> dict:
+          heads=("markov", "xpress"), scaling_devices=(1, 2, 4, 8), progress=lambda partial: None) -> dict:
     from xpress_jax.cli import with_overrides, load_config
     base = load_config(small_config_path)
     anchors = base.train.num_anchors
@@ -110,6 +110,7 @@ def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chu
                 config = with_overrides(small_config_path, **{"train.remat": remat, "train.anchor_chunk": chunk,
                                                               "train.steps": steps + 1, "train.out_dir": tmp})
                 out["variants"][f"remat={remat},anchor_chunk={chunk}"] = step_throughput(config, steps=steps)
+                progress(out)
     fastest = max(v["tokens_per_s"] for v in out["variants"].values())
     for v in out["variants"].values():
         v["relative_to_fastest"] = v["tokens_per_s"] / fastest
@@ -119,5 +120,6 @@ def suite(small_config_path: str, large_config_path: str, *, steps: int = 5, chu
             config = with_overrides(small_config_path, **{"train.trainable": "heads", "train.heads": f"('{head}',)",
                                                           "train.steps": steps + 1, "train.out_dir": tmp})
             out["frozen_drafter"][head] = frozen_drafter_step(config, steps=steps)
+            progress(out)
     out["scaling"] = scaling_on_simulated_devices(large_config_path, scaling_devices)
     return out

@@ -37,10 +37,12 @@ def main(config):
     from xpress_jax.train.run import train
     from xpress_jax.train.setup import dry_run
     if FLAGS.dry_run:
-        report = dry_run(config)
+        from xpress_jax import atomic
+        so_far = (lambda r: atomic.write_json(FLAGS.dry_run_out, {**r, "complete": False})) if FLAGS.dry_run_out \
+            else (lambda r: None)  # a run cut short keeps each compile's figures
+        report = dry_run(config, progress=so_far)
         if FLAGS.dry_run_out:
-            from xpress_jax import atomic
-            atomic.write_json(FLAGS.dry_run_out, report)
+            atomic.write_json(FLAGS.dry_run_out, {**report, "complete": True})
         print(json.dumps(report))
         return
     if not (os.environ.get("XPRESS_COORDINATOR") or config.train.distributed):

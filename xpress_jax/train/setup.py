@@ -168,7 +168,7 @@ def fused_attention(config, platform: str) -> list[str]:
     return kernels.kernels_in(text)
 
 
-def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",)) -> dict:
+def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), progress=lambda partial: None) -> dict:
     """Compiles the train step on abstract arrays and reports, per device: argument, output,
     temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
     step's model FLOPs (forward of the target, forward and backward of the drafter and heads,
@@ -179,7 +179,8 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",)) -> 
     (`FLOPS_COUNTING`). A caller that knows the model FLOPs passes them and saves the one-device
     compile. `largest_vocab_f32_bytes` is at most `chunk_logits_bytes` when no f32 logits beyond
     one anchor chunk's are held. `fused_attention`: per platform (this backend and `platforms`),
-    the fused attention kernels the step's lowered program holds."""
+    the fused attention kernels the step's lowered program holds. `progress(report so far)` after
+    each compile, so a run cut short keeps what it measured."""
     refuse_uneven_mesh(config)
     setup, compiled = compile_step(config)
     mem = compiled.memory_analysis()
@@ -203,11 +204,16 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",)) -> 
     report.update(chunk_logits_bytes=4 * rows * local_vocab,
                   largest_vocab_f32_bytes=largest_f32_bytes(compiled.as_text(), local_vocab,
                                                             except_shape=(local_vocab, arch.hidden_size)))
+    progress(report)
+    report["fused_attention"] = {p: fused_attention(config, p) for p in dict.fromkeys((jax.default_backend(),
+                                                                                      *platforms))}
+    progress(report)
     counted = copy.deepcopy(config)
     with counted.unlocked():
         counted.train.anchor_chunk = config.train.num_anchors
     with unrolled_loops():
         flops = compiled_flops(compile_step(counted, FLOPS_COUNTING)[1])
+    progress({**report, "flops_per_device": flops})
     if model_flops is None:
         one_device = copy.deepcopy(counted)
         with one_device.unlocked():
@@ -216,6 +222,4 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",)) -> 
             model_flops = compiled_flops(compile_step(one_device, FLOPS_COUNTING)[1]) if devices > 1 else flops
     report.update(flops_per_device=flops, model_flops=model_flops,
                   flops_ratio=round(flops * devices / model_flops, 3) if flops and model_flops else None)
-    report["fused_attention"] = {p: fused_attention(config, p) for p in dict.fromkeys((jax.default_backend(),
-                                                                                      *platforms))}
     return report

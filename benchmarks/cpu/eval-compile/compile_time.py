@@ -11,13 +11,14 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from xpress_jax import cli
+from xpress_jax.bench.decode import compile_seconds
 from xpress_jax.config import dtype
+from xpress_jax.decoding.padding import PROMPT_BUCKET
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import PROMPT_BUCKET, DecodeOptions, SpecModels, _decode
+from xpress_jax.decoding.speculative import SpecModels
 from xpress_jax.methods import DECODERS, HEAD_OF
 from xpress_jax.models.build import build_target, drafter_config, new_drafter, new_head
 
@@ -30,29 +31,19 @@ target = build_target(config, abstract=True)
 dcfg = drafter_config(config, target.cfg)
 dtypes = {"dtype": dtype(config.eval.drafter_dtype), "param_dtype": dtype(config.eval.drafter_dtype)}
 drafter = nnx.eval_shape(lambda: new_drafter(config, dcfg, dtypes))
-block, new_tokens = dcfg.block_size, int(config.eval.max_new_tokens)
-prompt = jax.ShapeDtypeStruct((1, PROMPT_BUCKET), jnp.int32)
-lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+new_tokens = int(config.eval.max_new_tokens)
 report = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "cpu_count": os.cpu_count(),
           "persistent_cache": bool(cache),
           "shapes": {"target_layers": target.cfg.num_hidden_layers, "hidden": target.cfg.hidden_size,
-                     "vocab": target.cfg.vocab_size, "drafter_layers": dcfg.num_hidden_layers, "block": block,
-                     "prompt_bucket": PROMPT_BUCKET, "max_new_tokens": new_tokens, "batch": 1},
+                     "vocab": target.cfg.vocab_size, "drafter_layers": dcfg.num_hidden_layers,
+                     "block": dcfg.block_size, "prompt_bucket": PROMPT_BUCKET, "max_new_tokens": new_tokens,
+                     "batch": 1},
           "seconds": {}}
 for decoder in sys.argv[1:] or ("target", "dflash", "xpress"):
     head_name = HEAD_OF[decoder]
     head = nnx.eval_shape(lambda: new_head(head_name, config, dcfg, dtypes=dtypes)) if head_name else None
     models = SpecModels(target, drafter if DECODERS[decoder].drafter else None, head)
-    width = block if DECODERS[decoder].drafter else 1
-    opts = DecodeOptions(decoder=decoder, max_new_tokens=new_tokens, greedy=True,
-                         max_len=PROMPT_BUCKET + new_tokens + width, settings=DecodeSettings().for_decoder(decoder))
-    graphdef, state = nnx.split(models)
-    args = (graphdef, state, prompt, lengths, jnp.array([1], jnp.int32), jax.random.key(0), jnp.float32(1.0), opts)
-    t0 = time.perf_counter()
-    lowered = _decode.lower(*args)
-    t1 = time.perf_counter()
-    lowered.compile()
-    t2 = time.perf_counter()
-    report["seconds"][decoder] = {"trace_and_lower": round(t1 - t0, 1), "compile": round(t2 - t1, 1)}
+    report["seconds"][decoder] = compile_seconds(models, decoder, DecodeSettings(), batch=1, prompt_len=PROMPT_BUCKET,
+                                                 new_tokens=new_tokens)
     print(decoder, report["seconds"][decoder], flush=True)
 print(json.dumps(report))
