@@ -4,9 +4,9 @@ shapes (4 layers, hidden 64), random weights, batch 1, target-only decoding and 
 
 Three sweeps, each a mean step over a whole run (`bench.decode.step_seconds`: N tokens minus 1,
 same program):
-- prompt length at a fixed cache of 4,112 slots (prompt 2,000 + 2,048 new + a block);
-- cache fill: 256 and 2,048 new tokens after a 128-token prompt, the same 4,112-slot cache;
-- cache size: a 128-token prompt and 256 new tokens in caches of 400 to 4,112 slots.
+- prompt length at a fixed cache of 4,064 slots (prompt 2,000 + 2,048 new + a block of 16);
+- cache fill: 256 and 2,048 new tokens after a 128-token prompt, the same 4,064-slot cache;
+- cache size: a 128-token prompt and 256 new tokens in caches of 400 to 4,064 slots.
 Run from the repository root:
     python benchmarks/cpu/decode-lengths/measure.py --out=benchmarks/cpu/decode-lengths/lengths.json
 """
