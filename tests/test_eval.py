@@ -403,11 +403,11 @@ def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
     from xpress_jax.decoding.verify import greedy_accept
     from xpress_jax.eval.evaluate import lossless_check
     tok = load_tokenizer(assets.TINY_TARGET)
-    prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in load_questions("gsm8k", 4)]
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in load_questions("gsm8k", 2)]
     dt = jnp.dtype(dtype)
     models = speculative.SpecModels(load_qwen3(assets.TINY_TARGET, dtype=dt, param_dtype=dt),
                                     load_drafter(assets.TINY_DFLASH, dtype=dt, param_dtype=dt))
-    kw = dict(max_new_tokens=48, pad_multiple=64)
+    kw = dict(max_new_tokens=32, pad_multiple=64)
 
     def off_by_one(draft, target_logits):  # [batch, n], [batch, n+1, vocab]
         acc, _ = greedy_accept(draft, target_logits)
@@ -426,4 +426,4 @@ def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
     finally:
         monkeypatch.undo()
         jax.clear_caches()
-    assert report["lossless"] is False and report["mismatches"] >= 2, report
+    assert report["lossless"] is False and report["mismatches"] >= 1, report

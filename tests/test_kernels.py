@@ -29,7 +29,8 @@ def test_each_platform_gets_its_kernel_where_the_shapes_allow_it():
         kernels.causal_attention(*(jnp.zeros((1, 8, 2, 8), jnp.bfloat16),) * 3, CUDNN, offset=4)
 
 
-@pytest.mark.parametrize("mesh_shape, kv_heads", [((1, 4, 2), 2), ((2, 1, 4), 1)], ids=["fsdp-tensor", "data-tensor-mqa"])
+@pytest.mark.parametrize("mesh_shape, kv_heads", [((1, 4, 2), 2), ((2, 1, 4), 1)],
+                         ids=["fsdp-tensor", "data-tensor-mqa"])
 def test_splash_on_a_mesh_runs_per_device_and_equals_the_einsum_path(tmp_path, mesh_shape, kv_heads):
     """Inside a jitted pass on 8 simulated devices, splash attention runs in a shard_map over the
     batch and head splits (KV heads the tensor axis cannot split are repeated per query head first);

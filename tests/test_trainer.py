@@ -457,3 +457,30 @@ def test_under_tensor_parallelism_the_logits_stay_split_over_the_vocabulary(tmp_
     assert moved, "a tensor-parallel step exchanges something"
     vocab_sized = [(dims, op) for dims, op in moved if str(vocab) in dims.split(",")]
     assert not vocab_sized, vocab_sized
+
+
+def test_a_train_step_at_the_recipes_sequence_length(tmp_path):
+    """The 8B recipe's data.max_len (3,072 tokens, configs/qwen3_8b.py) at tiny width, its
+    16-token blocks and anchors over the whole sequence: a 2,000-token prompt whose answer runs to
+    the end. Two steps (the first at the warmup's zero learning rate) give finite losses and
+    change the drafter."""
+    from xpress_jax.cli import config_path, load_config
+    from xpress_jax.train.setup import Setup
+    recipe_len = int(load_config(config_path("qwen3_8b.py")).data.max_len)
+    assert recipe_len == 3072
+    config = train_config(tmp_path, **{"data.max_len": str(recipe_len), "train.batch_size": "2",
+                                       "mesh.shape": "(1,1,1)",
+                                       "drafter.block_size": "16", "train.num_anchors": "64",
+                                       "train.anchor_chunk": "32"})
+    rng = np.random.default_rng(0)
+    batch = {"ids": rng.integers(0, 256, (2, recipe_len)).astype(np.int32),
+             "loss_mask": np.repeat((np.arange(recipe_len) >= 2000)[None], 2, 0)}
+    setup = Setup(config, abstract=False)
+    state0 = setup.init_state()
+    before = jax.device_get(state0["params"])
+    state = state0
+    for _ in range(2):
+        state, metrics = setup.step(state, setup.target_params, setup.global_batch(batch))
+        assert np.isfinite(float(metrics["loss"])) and bool(metrics["finite"])
+    after = jax.device_get(state["params"])
+    assert any(not np.array_equal(before[k], after[k]) for k in before)

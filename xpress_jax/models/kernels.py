@@ -1,15 +1,21 @@
 """Fused causal attention for the long passes (training, prefill), and the one place that picks it.
 
-| platform | kernel | when |
-|---|---|---|
-| TPU | splash attention (Pallas, `jax.experimental.pallas.ops.tpu.splash_attention`) | query and key lengths multiples of 128 |
-| GPU | cuDNN flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`) | bf16/fp16, head_dim <= 128 and a multiple of 8, no offset |
-| anything else, or a shape the kernel refuses | the einsum path (`layers.attend`) | |
+- TPU: splash attention (Pallas, `jax.experimental.pallas.ops.tpu.splash_attention`), for query
+  and key lengths in whole 128-key tiles.
+- GPU: cuDNN flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`), in
+  bf16/fp16, head_dim <= 128 and a multiple of 8, no offset.
+- Anything else, or a shape the kernel refuses: the einsum path (`layers.attend`).
+
+cuDNN rather than a Pallas GPU kernel: jax's cuDNN call carries XLA partitioning rules (it splits
+with the mesh's batch and heads without a shard_map), takes GQA and has its backward pass, and is
+NVIDIA's tuned kernel for Hopper; jax's Pallas GPU attention is an example kernel without them.
 
 Both kernels take a causal mask without a dense mask array: splash as a static block mask
 (`CausalMask`, whose fully masked blocks it skips), cuDNN as its CAUSAL mask type. Neither
 materialises the [batch, heads, T, S] scores. cuDNN's causal mask is aligned top-left, so a
 query block placed after other keys (a prefill chunk) has no cuDNN form: the einsum path takes it.
+The drafter's anchored training pass keeps the einsum path too: each block sees the context
+before its own anchor, a per-sequence bound that splash's static block masks cannot express.
 
 `lowering_for("tpu")` traces as for a TPU from any host (`jax.export(..., platforms=["tpu"])`), and
 with `interpret=True` runs the Pallas kernel on this CPU (the tests compare it with the einsum path).
