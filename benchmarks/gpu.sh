@@ -27,9 +27,11 @@
 # budget is spent). Each stage writes what it has as it goes (the suites' JSON after each
 # measurement with "complete": false, the dry run's after each compile, pytest one line a test),
 # so a stage cut by its limit keeps what it finished. --dry_run rehearses on a CPU: nothing is
-# installed, OUT defaults to a new temporary directory, the decode and dry_run stages compile
-# their real 8B programs on abstract weights (nothing allocated), and the parity, heads, e2e and
-# train stages run at tiny sizes (parity only collects its tests). The exit code is 1 if a stage
+# installed, OUT defaults to a new temporary directory, the decode, dry_run and heads stages
+# compile their real 8B programs on abstract weights (nothing allocated), parity only collects
+# its tests, e2e runs as it does on the device (the shipped tiny checkpoints, fewer prompts), and
+# train times the tiny config with its scaling table at tiny shapes on 4 simulated devices (the
+# 8B table takes the CPU minutes; tests/test_trainer.py compiles the 8B step's memory and FLOPs). The exit code is 1 if a stage
 # failed or timed out.
 set -uo pipefail
 dry_run=0
@@ -105,8 +107,7 @@ if [ $dry_run = 1 ]; then
   stage parity 90 python -m pytest -q --collect-only "${parity_tests[@]}"
   stage decode 120 python -m xpress_jax.bench "${decode_8b[@]}" --compile_only
   stage dry_run 90 python -m xpress_jax.train "${dry_run_8b[@]}"
-  stage heads 80 python -m xpress_jax.bench --suite=heads --config=$tiny --batches=2 --context=32 --reps=1 \
-    --out="$out"
+  stage heads 80 python -m xpress_jax.bench --suite=heads --dtype=bfloat16 --compile_only --out="$out"
   stage e2e 25 python -m xpress_jax.eval --config=configs/tiny_heads.py --config.target.hf_dir=$target \
     --checkpoint=$dflash --decoders=dflash --datasets=gsm8k --num_prompts=2 --max_new_tokens=16 \
     --config.eval.iteration_sweep="()" --config.eval.time_split=false --check_lossless --out="$out/e2e"

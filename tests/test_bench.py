@@ -74,7 +74,8 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
     """benchmarks/gpu.sh --dry_run on this CPU, each stage recorded as it ends: the decode and
     dry_run stages compile their real Qwen3-8B programs on abstract weights (the decode loops of
     target-only decoding and DFlash, the train step with its attention kernel lowered for TPU);
-    the others run at tiny sizes, with the heads and train suites' figures and plots."""
+    the heads stage compiles its 8B programs likewise; the others run at tiny sizes, with the train
+    suite's figures and plots."""
     r, stages = run_gpu_script(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [s["stage"] for s in stages] == ["parity", "decode", "dry_run", "heads", "e2e", "train"]
@@ -100,24 +101,8 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
 
     with open(tmp_path / "heads.json") as f:
         heads = json.load(f)
-    assert set(heads["batches"]) == {"2"} and heads["jax"] == jax.__version__ and heads["date"]
-    for result in heads["batches"].values():
-        assert result["ratio_to_markov"]["markov"] == 1.0
-        assert {"drafter_forward", "lm_head", "xpress_fold", "xpress_it8", "xpress_it4_top8"} <= set(result["seconds"])
-        assert all(c["bound"] in ("compute", "memory") and c["gflops"] > 0 for c in result["costs"].values())
-        assert 1 <= result["early_stop_iterations_random_weights"] <= 4
-        # the paper's unit and the H200 roofline: the iteration streams the rank-r readout once,
-        # a Markov block streams it at each of its n steps
-        roof = result["h200_roofline"]
-        # the slope is a timing: at tiny sizes with one repetition its sign is noise, so only its use is checked
-        assert result["per_iteration_vs_markov_block"] == pytest.approx(
-            result["per_iteration_s"] / result["seconds"]["markov"]) and roof["read_bytes_per_s"] == 4.8e12
-        assert roof["xpress_iteration_bound_s"] == roof["xpress_iteration_bytes"] / 4.8e12
-        assert roof["markov_block_bytes"] > 2 * roof["xpress_iteration_bytes"]
-    for png in ("heads-latency_vs_iterations.png", "heads-draft_step.png"):
-        assert os.path.getsize(tmp_path / png) > 0
-    assert "XPress 4 iterations" in (tmp_path / "heads.log").read_text()
-    assert "at an H200's 4.8 TB/s" in (tmp_path / "heads.log").read_text()
+    assert heads["complete"] and heads["shapes"]["vocab"] == 151936 and set(heads["batches"]) == {"1", "8"}
+    assert all(len(b["compile_s"]) == 13 for b in heads["batches"].values())
 
     with open(tmp_path / "train.json") as f:
         train = json.load(f)
@@ -137,6 +122,34 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
     assert set(train["frozen_drafter"]) == {"markov"}
     assert frozen["frozen"]["seconds_per_step"] > 0 and frozen["full_backward"]["seconds_per_step"] > 0
     assert 0 < frozen["flops_ratio"] < 1
+
+
+def test_the_heads_suite_times_every_call_with_its_roofline(tmp_path):
+    """The heads suite at tiny sizes: every call timed, its FLOPs, bytes and bound, the H200
+    roofline, the plots and the summary lines."""
+    r = invoke("xpress_jax.bench", "--suite=heads", f"--config={os.path.join(ROOT, 'configs', 'tiny.py')}",
+               "--batches=2", "--context=32", "--reps=1", f"--out={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "heads.json") as f:
+        heads = json.load(f)
+    assert set(heads["batches"]) == {"2"} and heads["jax"] == jax.__version__ and heads["date"]
+    for result in heads["batches"].values():
+        assert result["ratio_to_markov"]["markov"] == 1.0
+        assert {"drafter_forward", "lm_head", "xpress_fold", "xpress_it8", "xpress_it4_top8"} <= set(result["seconds"])
+        assert all(c["bound"] in ("compute", "memory") and c["gflops"] > 0 for c in result["costs"].values())
+        assert 1 <= result["early_stop_iterations_random_weights"] <= 4
+        # the paper's unit and the H200 roofline: the iteration streams the rank-r readout once,
+        # a Markov block streams it at each of its n steps
+        roof = result["h200_roofline"]
+        # the slope is a timing: at tiny sizes with one repetition its sign is noise, so only its use is checked
+        assert result["per_iteration_vs_markov_block"] == pytest.approx(
+            result["per_iteration_s"] / result["seconds"]["markov"]) and roof["read_bytes_per_s"] == 4.8e12
+        assert roof["xpress_iteration_bound_s"] == roof["xpress_iteration_bytes"] / 4.8e12
+        assert roof["markov_block_bytes"] > 2 * roof["xpress_iteration_bytes"]
+    for png in ("heads-latency_vs_iterations.png", "heads-draft_step.png"):
+        assert os.path.getsize(tmp_path / png) > 0
+    assert "XPress 4 iterations" in r.stdout
+    assert "at an H200's 4.8 TB/s" in r.stdout
 
 
 def test_the_gpu_script_records_the_stages_its_budget_leaves_out(tmp_path):

@@ -54,7 +54,7 @@ flags.DEFINE_list("decode_set", [], "decode: overrides of --decode_config's fiel
                   flag_values=FLAGS)
 flags.DEFINE_list("decode_variants", [], "decode: time only these labels (target-only is always timed); default all.",
                   flag_values=FLAGS)
-flags.DEFINE_bool("compile_only", False, "decode: compile each variant's loop on abstract weights and report the "
+flags.DEFINE_bool("compile_only", False, "decode, heads: compile each program on abstract weights and report the "
                   "seconds (nothing allocated, nothing run): an 8B rehearsal on a small host.", flag_values=FLAGS)
 flags.DEFINE_list("verify_tokens", ["0"], "decode: draft tokens the target verifies per step (0: the whole block); "
                   "each drafter variant is timed at each, labelled LABEL_vM for M > 0.", flag_values=FLAGS)
@@ -89,7 +89,11 @@ def run_heads(config, out: str) -> dict:
     with config.unlocked():
         config.dtype = config.param_dtype = FLAGS.dtype
     result = heads.suite(config, batches=[int(b) for b in FLAGS.batches], context=FLAGS.context, reps=FLAGS.reps,
-                         progress=partial_writer(out, "heads"))
+                         progress=partial_writer(out, "heads"), compile_only=FLAGS.compile_only)
+    if FLAGS.compile_only:
+        for batch, r in result["batches"].items():
+            print(f"heads batch {batch}, compiled: {len(r['compile_s'])} programs in {sum(r['compile_s'].values()):.1f} s")
+        return result
     plots.latency_against_iterations(result, os.path.join(out, "heads-latency_vs_iterations.png"))
     plots.draft_step_breakdown(result, os.path.join(out, "heads-draft_step.png"))
     for batch, r in result["batches"].items():

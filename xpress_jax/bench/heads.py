@@ -36,24 +36,39 @@ def _random_like(module: nnx.Module, seed: int, std: float) -> nnx.Module:
     return module
 
 
-def build(config, seed: int = 0) -> dict:
+def compile_seconds(fn, args) -> float:
+    """Seconds to compile a jitted call on (possibly abstract) arguments."""
+    import time
+    lowered = fn.lower(*args)
+    t0 = time.perf_counter()
+    lowered.compile()
+    return round(time.perf_counter() - t0, 2)
+
+
+def build(config, tcfg, dcfg, seed: int = 0) -> dict:
     """Drafter, heads and a tied embedding / LM-head table at the config's shapes."""
-    tcfg = target_config(config)
-    dcfg = drafter_config(config, tcfg)
     table = 0.02 * jax.random.normal(jax.random.key(seed), (tcfg.vocab_size, tcfg.hidden_size), jnp.float32)
     heads = {name: _random_like(new_head(name, config, dcfg), seed + i + 1, 0.05)
              for i, name in enumerate(("markov", "gru", "xpress"))}
-    return {"target_cfg": tcfg, "drafter_cfg": dcfg, "drafter": new_drafter(config, dcfg), "table": table,
-            "heads": heads}
+    return {"drafter": new_drafter(config, dcfg), "table": table, "heads": heads}
 
 
 def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: dict | None = None,
-          progress=lambda partial: None) -> dict:
-    m = build(config)
-    tcfg, dcfg, table = m["target_cfg"], m["drafter_cfg"], m["table"]
-    peaks = peaks or costs.machine_peaks(reps)
+          progress=lambda partial: None, compile_only: bool = False) -> dict:
+    """Per batch size, every call's median seconds and roofline. compile_only: on abstract weights
+    and inputs, each call compiled and not run (its seconds to compile): the suite's programs at a
+    config's shapes, on any host."""
+    tcfg = target_config(config)
+    dcfg = drafter_config(config, tcfg)
+    # concrete, or shapes only (nnx.eval_shape): the same construction either way
+    create = nnx.eval_shape if compile_only else (lambda make: make())
+    m = create(lambda: build(config, tcfg, dcfg))
+    table = m["table"]
+    peaks = peaks or ({} if compile_only else costs.machine_peaks(reps))
     wbytes = jnp.dtype(jax.tree.leaves(nnx.state(m["heads"]["xpress"], nnx.Param))[0].dtype).itemsize
-    folded = m["heads"]["xpress"].fold()
+    xpress_graph, xpress_state = nnx.split(m["heads"]["xpress"])
+    fold = lambda st: nnx.merge(xpress_graph, st).fold()  # noqa: E731
+    folded = jax.eval_shape(fold, xpress_state) if compile_only else fold(xpress_state)
     drafter_graph, drafter_state = nnx.split(m["drafter"])
     drafter_params = int(sum(np.prod(v.shape) for v in jax.tree.leaves(nnx.state(m["drafter"], nnx.Param))))
     block, n = dcfg.block_size, dcfg.block_size - 1
@@ -64,13 +79,17 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
     for batch in batches:
         d = costs.Shapes(batch=batch, n=n, vocab=tcfg.vocab_size, hidden=tcfg.hidden_size, rank=config.heads.rank,
                          gru_hidden=config.heads.gru_hidden, proj_dim=config.heads.proj_dim, weight_bytes=wbytes)
-        keys = jax.random.split(jax.random.key(100 + batch), 4)
-        s = 3.0 * jax.random.normal(keys[0], (batch, n, tcfg.vocab_size))  # [batch, n, vocab]
-        h = jax.random.normal(keys[1], (batch, n, tcfg.hidden_size))  # [batch, n, hidden]
-        anchor = jax.random.randint(keys[2], (batch,), 0, tcfg.vocab_size)
-        taps = jax.random.normal(keys[3], (batch, context, len(dcfg.target_layer_ids), tcfg.hidden_size))
-        ctx = m["drafter"].extend_context(ContextCache.init(dcfg, batch, context + block, jnp.float32), taps)
-        block_embeds = jax.random.normal(keys[0], (batch, block, tcfg.hidden_size))
+        def inputs(drafter_state, batch=batch):
+            keys = jax.random.split(jax.random.key(100 + batch), 4)
+            taps = jax.random.normal(keys[3], (batch, context, len(dcfg.target_layer_ids), tcfg.hidden_size))
+            ctx = nnx.merge(drafter_graph, drafter_state).extend_context(
+                ContextCache.init(dcfg, batch, context + block, jnp.float32), taps)
+            return (3.0 * jax.random.normal(keys[0], (batch, n, tcfg.vocab_size)),  # s [batch, n, vocab]
+                    jax.random.normal(keys[1], (batch, n, tcfg.hidden_size)),  # h [batch, n, hidden]
+                    jax.random.randint(keys[2], (batch,), 0, tcfg.vocab_size),  # the block's anchor token
+                    ctx, jax.random.normal(keys[0], (batch, block, tcfg.hidden_size)))  # block embeddings
+        s, h, anchor, ctx, block_embeds = (jax.eval_shape if compile_only else (lambda f, x: f(x)))(
+            inputs, drafter_state)
 
         def refine(name, head, **knobs):
             """A jitted solve taking the head's weights and the embedding table as arguments (closed
@@ -84,7 +103,6 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
                                     settings=settings)
             return jax.jit(solve), (weights, table, s, h, anchor)
 
-        xpress_graph, xpress_state = nnx.split(m["heads"]["xpress"])
         calls = {  # name -> (jitted function, its arguments, its cost)
             "drafter_forward": (jax.jit(lambda st, x, c: nnx.merge(drafter_graph, st)(x, c)),
                                 (drafter_state, block_embeds, ctx),
@@ -94,17 +112,22 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
             "lm_head": (jax.jit(lambda x, tab: jnp.einsum("bnh,vh->bnv", x, tab)), (h, table), costs.lm_head(d)),
             "markov": (*refine("markov", m["heads"]["markov"]), costs.markov_serial(d)),
             "gru": (*refine("gru", m["heads"]["gru"]), costs.gru_serial(d)),
-            "xpress_fold": (jax.jit(lambda st: nnx.merge(xpress_graph, st).fold()), (xpress_state,),
+            "xpress_fold": (jax.jit(fold), (xpress_state,),
                             costs.xpress_fold(d)),
         }
         for k in JACOBI_K:
             calls[f"xpress_it{k}"] = (*refine("xpress", folded, max_iters=k, early_stop=False), costs.xpress_exact(d, k))
         early, early_args = refine("xpress", folded, max_iters=4, early_stop=True)
-        used = float(jnp.mean(early(*early_args).iterations))
+        used = 4.0 if compile_only else float(jnp.mean(early(*early_args).iterations))
         calls["xpress_it4_early_stop"] = (early, early_args, costs.xpress_exact(d, used))
         for top_k in TOP_K:
             calls[f"xpress_it4_top{top_k}"] = (*refine("xpress", folded, max_iters=4, early_stop=False, top_k=top_k),
                                               costs.xpress_candidates(d, 4, top_k))
+        if compile_only:
+            out["batches"][str(batch)] = {"compile_s": {name: compile_seconds(fn, args)
+                                                        for name, (fn, args, _) in calls.items()}}
+            progress(out)
+            continue
 
         seconds = {name: median_seconds(fn, *args, reps=reps) for name, (fn, args, _) in calls.items()}
         tokens = lambda name: calls[name][0](*calls[name][1]).tokens  # noqa: E731
