@@ -81,3 +81,23 @@ def test_the_prefill_and_the_train_step_lowered_for_tpu_hold_splash_attention(tm
     assert fused_attention(config, "cpu") == []
     assert fused_attention(train_config(tmp_path, **{"mesh.shape": "(1,4,1)", "data.max_len": "192",
                                                      "train.batch_size": "4"}), "tpu") == []
+
+
+def test_the_qwen3_8b_prefill_lowered_for_tpu_holds_splash_attention():
+    """configs/qwen3_8b.py's target on abstract weights (nothing allocated): the prefill of a batch
+    of 8 prompts padded to 2,048 tokens, into a cache for 2,048 new tokens, lowered for TPU."""
+    from flax import nnx
+
+    from xpress_jax.cli import config_path, load_config
+    from xpress_jax.decoding.speculative import prefill
+    from xpress_jax.models.build import build_target
+    config = load_config(config_path("qwen3_8b.py"))
+    target = build_target(config, abstract=True)
+    graphdef, state = nnx.split(target)
+    prompt, lengths = jax.ShapeDtypeStruct((8, 2048), jnp.int32), jax.ShapeDtypeStruct((8,), jnp.int32)
+
+    def run(state, p, n):
+        return prefill(nnx.merge(graphdef, state), None, p, n, 2048 + 2048 + 16, config.eval.prefill_chunk)[0]
+    with lowering_for("tpu"):
+        text = jax.export.export(jax.jit(run), platforms=["tpu"])(state, prompt, lengths).mlir_module()
+    assert target.cfg.num_hidden_layers == 36 and kernels.kernels_in(text) == [SPLASH]
