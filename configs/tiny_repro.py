@@ -37,10 +37,11 @@ def get_config() -> ml_collections.ConfigDict:
         # every stage from scratch: no shipped target or drafter, every training stage
         "target_from": "", "dflash_from": "", "train_stages": tuple(TRAIN_STAGES),
         # train questions the target answers greedily (the drafter's data); on the same target 4,096
-        # gave DFlash -3.5% to +6.8% tau over 1,024 (README, "The drafter's data")
+        # gave DFlash -3.5% to +6.8% tau over 1,024 (benchmarks/tiny/README.md, "The drafter's data")
         "regen_records": 4096,
         "regen_batch_size": 64, "regen_max_new_tokens": 192,
-        # the DFlash drafter alone; 720 steps gave +15-32% tau over 240 (README, "The drafter's budget")
+        # the DFlash drafter alone; 720 steps gave +15-32% tau over 240
+        # (benchmarks/tiny/README.md, "The drafter's budget")
         "drafter_steps": 720,
         # each run from dflash/ (dflash.more, the same-budget reference; XPress co-adapted, XPress
         # frozen, Markov, GRU, D-Loop) and dloop+xpress (its refiner on the frozen D-Loop drafter)
@@ -49,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
         # each temperature again with the target verifying only the first m drafts of each block
         # (eval.verify_tokens; 0: no such pass), for wall-clock speed: a 16-token verify costs 2.6
         # target-only steps on this CPU, a 5-token one 1.3. m = 4 gave the best projected speedup
-        # on held-out prompts (the target's validation chats; README, "Verifying fewer drafts")
+        # on held-out prompts (the target's validation chats; benchmarks/tiny/README.md, "Verifying fewer drafts")
         "speed_verify_tokens": 4,
     })
     return config

@@ -6,7 +6,7 @@ import os
 # legacy fusion emitters and in one LLVM module (its parallel codegen pays on many cores, not on
 # the two the suite shares): compiling is most of the suite's time (these flags take two thirds
 # off the decode loops' compile), while collectives, FLOPs, memory and every numerical property
-# are the same. The one test that reads the loop's HLO for copies compiles with the emitters users
+# are the same. The test that reads the loop's HLO for copies compiles with the emitters users
 # get (tests/test_loop_copies.py). The CLI subprocesses the tests start get the same flags,
 # without the fake devices (tests/cli_helpers.py).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "

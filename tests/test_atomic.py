@@ -1,4 +1,4 @@
-"""files.py: a write either lands whole or leaves the old file untouched."""
+"""atomic.py: a write either lands whole or leaves the old file untouched."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""The registry of methods is the one place heads and decoders are listed: everything that builds,
+"""The registry of methods is where heads and decoders are listed: everything that builds,
 trains, decodes or saves a head reads it, so a new head is one entry (checked here by
 registering a copy of the Markov head under a new name and using it end to end)."""
 

@@ -1,5 +1,5 @@
 """Config recipe data: the sections every config file assembles (target, drafter, heads) and the
-published DFlash recipe's defaults. Building models from a config lives in `assemble.py`."""
+published DFlash recipe's defaults. Building models from a config lives in `models/build.py`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one registry of methods: every causal head and every decoder, in two tables that the
+"""The registry of methods: every causal head and every decoder, in two tables that the
 rest of the package reads (construction, training, decoding, checkpoints, config rules, eval).
 
 Adding a head means one `HeadSpec` entry (its module class, its constructor arguments from the

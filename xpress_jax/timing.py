@@ -1,4 +1,4 @@
-"""The one way this project times code: wall seconds of repeated calls after a first call that
+"""How this project times code: wall seconds of repeated calls after a first call that
 compiles and warms up, each call waiting for its results (`block_until_ready`), so asynchronous
 dispatch never hides work. Benchmarks and the eval's time split all time through here."""
 

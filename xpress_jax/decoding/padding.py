@@ -1,4 +1,4 @@
-"""The one padding rule: prompts padded to a few bucket lengths and batches rounded up, so a run
+"""The padding rule: prompts padded to a few bucket lengths and batches rounded up, so a run
 compiles a fixed, small set of decode programs."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ PROMPT_BUCKET = 64
 
 
 def round_up(n: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` that is >= n: the one padding rule."""
+    """The smallest multiple of `multiple` that is >= n."""
     return -(-int(n) // multiple) * multiple
 
 

@@ -66,7 +66,7 @@ def checkpoint_decoders(checkpoint: str) -> tuple[str, ...]:
 
 
 def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, branches=(1,)) -> list[Method]:
-    """--checkpoints=LABEL=DIR,... or, without it, every --decoders from the one --checkpoint; D-Loop
+    """--checkpoints=LABEL=DIR,... or, without it, every --decoders from --checkpoint; D-Loop
     methods once per branch count in `branches`."""
     if not checkpoints:
         bad = [d for d in decoders if d not in SPEC_DECODERS]

@@ -1,5 +1,5 @@
 """The eval's settings: the config's `eval` section as a typed, frozen object. Its fields and their
-defaults are the config's (`config.eval_section`); the command's flags and the reproduction's
+defaults are the config's (`config.evaluation_defaults`); the command's flags and the reproduction's
 passes change them with `dataclasses.replace`, never by mutating a dict."""
 
 from __future__ import annotations

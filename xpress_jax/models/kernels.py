@@ -1,4 +1,4 @@
-"""Fused causal attention for the long passes (training, prefill), and the one place that picks it.
+"""Fused causal attention for the long passes (training, prefill), and the choice between them.
 
 - TPU: splash attention (Pallas, `jax.experimental.pallas.ops.tpu.splash_attention`), for query
   and key lengths in whole 128-key tiles.

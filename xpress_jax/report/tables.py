@@ -1,4 +1,4 @@
-"""The one markdown table renderer."""
+"""Markdown tables: every table the commands print or write goes through `markdown_table`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one training loop, for the drafter (`setup.py`) and the target (`xpress_jax.pretrain`)
+"""The training loop, for the drafter (`setup.py`) and the target (`xpress_jax.pretrain`)
 alike: resume or start, step, log, checkpoint, stop.
 
 What it owns: the checkpoint policy of a run section (`config.run_section`: save_every, keep,

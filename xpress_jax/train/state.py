@@ -63,7 +63,7 @@ def make_schedule(section, total_steps: int):
 
 
 def make_optimizer(section, total_steps: int, labels: dict[str, str] | None = None):
-    """The one optimizer of every training run: AdamW on the section's warmup + cosine schedule
+    """The optimizer of every training run: AdamW on the section's warmup + cosine schedule
     (weight decay as configured; DFlash uses 0) after global-norm clipping. With `labels`
     ({parameter: "train" | "freeze"}, `trainable_labels`) the frozen parameters get no update."""
     adamw = optax.chain(optax.clip_by_global_norm(section.grad_clip),
