@@ -64,7 +64,7 @@ def test_the_prefill_and_the_train_step_lowered_for_tpu_hold_splash_attention(tm
     from train_helpers import train_config
 
     from xpress_jax.decoding.speculative import prefill
-    from xpress_jax.train.setup import fused_attention
+    from xpress_jax.train.dry_run import fused_attention
     model = load_qwen3(make_hf_qwen3(str(tmp_path / "m"), num_layers=2, hidden_size=64, num_attention_heads=4,
                                      num_key_value_heads=2, head_dim=16, vocab_size=256))
     prompt = jax.ShapeDtypeStruct((2, 1024), jnp.int32)

@@ -298,7 +298,7 @@ def test_a_frozen_drafter_is_not_differentiated(tmp_path):
     """trainable=heads: the step takes no gradient through the frozen drafter (fewer flops), and
     its update is the one a full backward pass gives: same heads, same untouched drafter."""
     from xpress_jax.bench.train import full_backward_step
-    from xpress_jax.train.setup import compiled_flops
+    from xpress_jax.train.dry_run import compiled_flops
     from xpress_jax.train.setup import Setup
     config = train_config(tmp_path, **{"data.max_len": "64", "train.steps": "10", "train.trainable": "heads",
                                        "train.heads": "('markov', 'xpress')"})
@@ -385,7 +385,7 @@ def test_the_dry_run_proves_the_work_is_split_and_meshes_that_cannot_split_it_ar
     attention's rows are heads-major (the batch split cannot follow them). A mesh that cannot split
     the batch, the heads, the vocabulary or the widths would leave that dimension whole on every
     device: refused, naming the field."""
-    from xpress_jax.train.setup import dry_run
+    from xpress_jax.train.dry_run import dry_run
     config = train_config(tmp_path, **{"mesh.shape": "(1,8,1)", "data.max_len": "128", "train.batch_size": "16",
                                        "dtype": "bfloat16", "target.arch.vocab_size": "4096",
                                        "target.arch.num_key_value_heads": "2",
@@ -416,7 +416,8 @@ def test_the_dry_run_proves_the_work_is_split_and_meshes_that_cannot_split_it_ar
 def test_layer_remat_recomputes_the_drafter_layers_and_changes_nothing_else(tmp_path):
     """train.layer_remat: the scanned drafter layers keep less for the backward pass and recompute
     it (more FLOPs in the compiled step), and the step's loss and updated parameters are the same."""
-    from xpress_jax.train.setup import Setup, compiled_flops
+    from xpress_jax.train.dry_run import compiled_flops
+    from xpress_jax.train.setup import Setup
     rng = np.random.default_rng(0)
     batch = {"ids": rng.integers(0, 256, (8, 64)).astype(np.int32),
              "loss_mask": np.repeat((np.arange(64) >= 10)[None], 8, 0)}

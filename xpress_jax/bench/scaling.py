@@ -33,7 +33,7 @@ def scaling(config_path: str, devices=DEVICES) -> dict:
     from xpress_jax.cli import load_config, with_overrides
     from xpress_jax.decoding.padding import round_up
     from xpress_jax.sharding import subset_meshes_expected
-    from xpress_jax.train.setup import dry_run
+    from xpress_jax.train.dry_run import dry_run
     devices = sorted(devices)
     most = devices[-1]
     strong_batch = round_up(load_config(config_path).train.batch_size, most)

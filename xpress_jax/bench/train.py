@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xpress_jax.errors import InputError
-from xpress_jax.train.setup import compiled_flops
+from xpress_jax.train.dry_run import compiled_flops
 from xpress_jax.timing import timed_calls
 
 

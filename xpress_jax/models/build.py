@@ -179,11 +179,22 @@ def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str
     return new_head(name, config, drafter_cfg, dtypes=dtypes)
 
 
-def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False):
+class Trainable(nnx.Module):
+    """The drafter and the causal heads being trained (the target is separate and frozen)."""
+
+    def __init__(self, drafter, heads: dict):
+        self.drafter = drafter
+        for name in HEADS:  # one attribute per registered head: parameter paths read "xpress.W_e", ...
+            setattr(self, name, heads.get(name))
+
+    def head_names(self) -> tuple[str, ...]:
+        return tuple(n for n in HEADS if getattr(self, n) is not None)
+
+
+def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False) -> Trainable:
     """The drafter and the `train.heads` being trained, randomly initialised (train.init_from
     loads trained weights over them later, so they take that checkpoint's shapes); `abstract`:
     shapes only. Its drafter's layers are stacked for training's scan."""
-    from xpress_jax.train.state import Trainable
     dcfg = drafter_config(config, target_cfg)
     unknown = [h for h in config.train.heads if h not in HEADS]
     if unknown:

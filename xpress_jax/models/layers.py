@@ -214,7 +214,7 @@ class DecoderLayer(nnx.Module):
 
 # XLA's cost analysis counts a while loop's body once, whatever its trip count: a program traced
 # inside `unrolled_loops` unrolls the training pass's layer and head-position loops, so that its
-# FLOPs are the step's (`train.setup.dry_run` counts them so, with the anchors in one chunk).
+# FLOPs are the step's (`train.dry_run` counts them so, with the anchors in one chunk).
 _UNROLL_LOOPS: contextvars.ContextVar[bool] = contextvars.ContextVar("unroll_loops", default=False)
 
 

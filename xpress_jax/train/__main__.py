@@ -35,7 +35,7 @@ flags.DEFINE_string("dry_run_out", "", "Also write the --dry_run report to this 
 
 def main(config):
     from xpress_jax.train.run import train
-    from xpress_jax.train.setup import dry_run
+    from xpress_jax.train.dry_run import dry_run
     if FLAGS.dry_run:
         from xpress_jax import atomic
         so_far = (lambda r: atomic.write_json(FLAGS.dry_run_out, {**r, "complete": False})) if FLAGS.dry_run_out \

@@ -1,12 +1,10 @@
 """The drafter's training state, built once from a config: the mesh, the frozen target and the
 trainable bundle placed by their logical axes, the optimizer, the state's shardings and the jitted
-step. `train` runs it; `dry_run` compiles the step on abstract arrays and reports per-device memory."""
+step. `train` runs it; `train/dry_run.py` compiles it on abstract arrays."""
 
 from __future__ import annotations
 
-import copy
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from xpress_jax import sharding
 from xpress_jax.errors import ConfigError
-from xpress_jax.models import kernels
 from xpress_jax.models.build import build_target, build_trainable, target_config
-from xpress_jax.models.layers import unrolled_loops
 from xpress_jax.train import state as st
 from xpress_jax.train.step import LossSettings, make_train_step
 
@@ -114,112 +110,3 @@ class Setup:
         shape = (t.batch_size, self.config.data.max_len)
         return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v), shape)
                 for k, v in local.items()}
-
-
-def peak_bytes(mem) -> int:
-    """A compiled program's peak per device from its memory analysis: arguments and outputs (less
-    the donated buffers they share) and temporaries."""
-    return mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
-
-
-def compiled_flops(compiled) -> float | None:
-    """XLA's flop count of a compiled program, per device for a partitioned one (a dict, or a list
-    of one per program in older jax; None where the backend does not count)."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, (list, tuple)):
-        analysis = analysis[0] if analysis else None
-    flops = (analysis or {}).get("flops")
-    return float(flops) if flops is not None else None
-
-
-def largest_f32_bytes(hlo_text: str, axis_size: int, except_shape: tuple[int, ...] = ()) -> int:
-    """Bytes of the largest f32 array in a compiled program's HLO that has an axis of `axis_size`,
-    other than arrays of `except_shape` (in any axis order). Arrays inside fusions count too, so
-    this bounds what a device holds at once."""
-    shapes = [tuple(int(d) for d in dims.split(",")) for dims in re.findall(r"f32\[([\d,]+)\]", hlo_text)]
-    return 4 * max((math.prod(s) for s in shapes if axis_size in s and sorted(s) != sorted(except_shape)), default=0)
-
-
-# With the anchors in one unrolled chunk, XLA's CSE can merge the forward pass's target logits (p^t)
-# with their rematerialisation in the backward pass, which the running step (forward and backward
-# in separate loops) cannot. It does so on one device and not on a mesh, which at 8B shapes would
-# read as 6% of the work repeated on every device. FLOPs are counted with CSE off in every program.
-FLOPS_COUNTING = {"xla_disable_hlo_passes": "cse"}
-
-
-def compile_step(config, compiler_options: dict | None = None):
-    """The train step compiled on abstract arrays (no weights, no data): (Setup, compiled)."""
-    setup = Setup(config, abstract=True)
-    lowered = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch())
-    return setup, lowered.compile(compiler_options=compiler_options)
-
-
-def fused_attention(config, platform: str) -> list[str]:
-    """The fused attention kernels (`models.kernels`) in the train step lowered for `platform`, read
-    from the lowered program's text: on this backend as it compiles, elsewhere through jax.export
-    (a TPU program lowers from any host; cuDNN's kernel lowers only with a GPU present)."""
-    with kernels.lowering_for(platform):
-        setup = Setup(config, abstract=True)  # traced anew: jit's trace cache does not key on the platform
-        args = (setup.abstract_state, setup.target_params, setup.abstract_batch())
-        if platform == jax.default_backend():
-            text = setup.step.lower(*args).as_text()
-        else:
-            text = jax.export.export(setup.step, platforms=[platform])(*args).mlir_module()
-    return kernels.kernels_in(text)
-
-
-def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), progress=lambda partial: None) -> dict:
-    """Compiles the train step on abstract arrays and reports, per device: argument, output,
-    temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
-    step's model FLOPs (forward of the target, forward and backward of the drafter and heads,
-    the update), and `flops_ratio` = per-device FLOPs * devices / model FLOPs: 1 when the mesh
-    splits the work, up to the device count when every device repeats it. Memory comes from the
-    step as it runs; FLOPs from the same step with its loops unrolled and its anchors in one
-    chunk (the same work), since XLA counts a loop body once, and with CSE off
-    (`FLOPS_COUNTING`). A caller that knows the model FLOPs passes them and saves the one-device
-    compile. `largest_vocab_f32_bytes` is at most `chunk_logits_bytes` when no f32 logits beyond
-    one anchor chunk's are held. `fused_attention`: per platform (this backend and `platforms`),
-    the fused attention kernels the step's lowered program holds. `progress(report so far)` after
-    each compile, so a run cut short keeps what it measured."""
-    refuse_uneven_mesh(config)
-    setup, compiled = compile_step(config)
-    mem = compiled.memory_analysis()
-    gib = lambda b: round(b / 2**30, 3)  # noqa: E731
-    devices = int(np.prod(list(setup.mesh.shape.values())))
-    report = {"backend": jax.default_backend(), "devices": devices, "mesh": dict(setup.mesh.shape),
-              "batch_size": config.train.batch_size, "max_len": config.data.max_len,
-              "trainable_params": int(sum(math.prod(v.shape) for v in setup.params.values())),
-              "target_params": int(sum(math.prod(v.shape) for v in setup.target_params.values()))}
-    if mem is not None:
-        report.update(argument_gib=gib(mem.argument_size_in_bytes), output_gib=gib(mem.output_size_in_bytes),
-                      alias_gib=gib(mem.alias_size_in_bytes), temp_gib=gib(mem.temp_size_in_bytes),
-                      peak_gib=gib(peak_bytes(mem)))
-    # the losses hold f32 [tokens, vocab] arrays of one anchor chunk at a time: the largest such
-    # array in the program against one chunk's logits [local batch, chunk, n, local vocab]. The
-    # [vocab, hidden] output projection is a weight, not logits (the CPU compiler upcasts it to f32).
-    t, mesh, arch = config.train, setup.mesh.shape, target_config(config)
-    local_vocab = arch.vocab_size // mesh["tensor"]
-    rows = t.batch_size // (mesh["data"] * mesh["fsdp"]) * min(t.anchor_chunk, t.num_anchors) \
-        * (setup.drafter_cfg.block_size - 1)
-    report.update(chunk_logits_bytes=4 * rows * local_vocab,
-                  largest_vocab_f32_bytes=largest_f32_bytes(compiled.as_text(), local_vocab,
-                                                            except_shape=(local_vocab, arch.hidden_size)))
-    progress(report)
-    report["fused_attention"] = {p: fused_attention(config, p) for p in dict.fromkeys((jax.default_backend(),
-                                                                                      *platforms))}
-    progress(report)
-    counted = copy.deepcopy(config)
-    with counted.unlocked():
-        counted.train.anchor_chunk = config.train.num_anchors
-    with unrolled_loops():
-        flops = compiled_flops(compile_step(counted, FLOPS_COUNTING)[1])
-    progress({**report, "flops_per_device": flops})
-    if model_flops is None:
-        one_device = copy.deepcopy(counted)
-        with one_device.unlocked():
-            one_device.mesh.shape = (1, 1, 1)
-        with unrolled_loops(), sharding.subset_meshes_expected():
-            model_flops = compiled_flops(compile_step(one_device, FLOPS_COUNTING)[1]) if devices > 1 else flops
-    report.update(flops_per_device=flops, model_flops=model_flops,
-                  flops_ratio=round(flops * devices / model_flops, 3) if flops and model_flops else None)
-    return report

@@ -11,21 +11,8 @@ from flax import nnx
 from xpress_jax import sharding
 from xpress_jax.checkpoints.keymap import dotted, path_tuple
 from xpress_jax.errors import ConfigError
-from xpress_jax.methods import HEADS
 
 TRAINABLE_CHOICES = ("drafter", "heads", "all")
-
-
-class Trainable(nnx.Module):
-    """The drafter and the causal heads being trained (the target is separate and frozen)."""
-
-    def __init__(self, drafter, heads: dict):
-        self.drafter = drafter
-        for name in HEADS:  # one attribute per registered head: parameter paths read "xpress.W_e", ...
-            setattr(self, name, heads.get(name))
-
-    def head_names(self) -> tuple[str, ...]:
-        return tuple(n for n in HEADS if getattr(self, n) is not None)
 
 
 def flat_params(module: nnx.Module) -> dict[str, jax.Array]:

@@ -22,7 +22,7 @@ from xpress_jax import atomic  # noqa: E402
 from xpress_jax.cli import config_path, with_overrides  # noqa: E402
 from xpress_jax.report.tables import markdown_table  # noqa: E402
 from xpress_jax.sharding import subset_meshes_expected  # noqa: E402
-from xpress_jax.train.setup import compile_step, peak_bytes  # noqa: E402
+from xpress_jax.train.dry_run import compile_step, peak_bytes  # noqa: E402
 
 GIB = 2**30
 # device -> (memory per device in bytes, [(mesh, global batch), ...])
