@@ -33,11 +33,15 @@ def test_question_files_and_errors(tmp_path):
         load_questions(str(tmp_path / "bad.jsonl"))
 
 
-def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
-    """Random tiny drafter and heads saved as a checkpoint, evaluated with --check_lossless."""
+@pytest.fixture(scope="module")
+def eval_run(tmp_path_factory):
+    """Random tiny drafter and heads saved as a checkpoint, evaluated from the command line with
+    --check_lossless against each method's own verify pass, DFlash, Markov, XPress and D-Loop + XPress
+    at two branches, and an iteration sweep: (checkpoint, out, results.json)."""
     from xpress_jax.models.build import build_models
     from xpress_jax.checkpoints.hf_drafter import save_drafter
     from xpress_jax.cli import DEFAULT_CONFIG, load_config
+    tmp_path = tmp_path_factory.mktemp("eval_run")
     config = load_config(DEFAULT_CONFIG)
     _, drafter, heads = build_models(config, "", ("markov", "xpress"))
     ckpt = tmp_path / "ckpt"
@@ -50,28 +54,56 @@ def test_eval_cli_end_to_end_with_a_checkpoint(tmp_path):
             "--check_lossless", "--config.eval.lossless_reference=verify_pass", f"--out={out}",
             "--config.eval.iteration_sweep=(1, 3)", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((out / "results.json").read_text())
+    return ckpt, out, json.loads((out / "results.json").read_text())
+
+
+def test_eval_records_the_checkpoint_it_measured(eval_run):
+    ckpt, _, report = eval_run
     assert report["checkpoint"] == str(ckpt) and report["drafter_config"]["architectures"] == ["DFlashDraftModel"]
-    for ds in ("gsm8k",):
-        for head in ("target", "dflash", "markov", "xpress", "dloop+xpress.b2"):
-            r_h = report["results"][ds][head]
-            assert r_h["n_prompts"] == 2 and r_h["new_tokens"] == 10 and r_h["tau"] >= 1.0
-            assert r_h["tokens_per_s"] > 0 and r_h["speedup"] > 0
-        assert len(report["results"][ds]["xpress"]["accept_per_position"]) == 15
-        assert report["results"][ds]["xpress"]["lossless"] is True
-        # against each method's own verify pass with every draft refused, and one-token decoding too
-        assert report["results"][ds]["xpress"]["against_target_only"]["mismatches"] == 0
-        loop = report["results"][ds]["dloop+xpress.b2"]
-        assert loop["lossless"] is True and loop["branches"] == 2 and loop["time_split"]["draft_s"] > 0
-        assert 0.0 <= loop["empty_prefix_share"] <= 1.0 and 0.0 <= loop["mean_prefix_kept"] <= 14
-        assert "mean_prefix_kept" not in report["results"][ds]["xpress"]
-        dflash = report["results"][ds]["dflash"]
-        assert dflash["drafter_repetition_rate"] == dflash["repetition_rate"]  # its block is the drafter's
-        split = report["results"][ds]["xpress"]["time_split"]
-        assert set(split) == {"prefill_s", "draft_s", "fold_s", "refine_s", "verify_s"} and split["fold_s"] > 0
-        assert set(report["iteration_sweep"][ds]["xpress"]) == {"1", "3"}
-        assert report["results"][ds]["xpress"]["tau_per_prompt_mean"] >= 1.0
-        assert 0.0 <= report["results"][ds]["xpress"]["repetition_rate"] <= 1.0
+
+
+def test_eval_measures_every_method_on_every_prompt(eval_run):
+    _, _, report = eval_run
+    for head in ("target", "dflash", "markov", "xpress", "dloop+xpress.b2"):
+        r_h = report["results"]["gsm8k"][head]
+        assert r_h["n_prompts"] == 2 and r_h["new_tokens"] == 10 and r_h["tau"] >= 1.0
+        assert r_h["tokens_per_s"] > 0 and r_h["speedup"] > 0
+    xpress = report["results"]["gsm8k"]["xpress"]
+    assert len(xpress["accept_per_position"]) == 15 and xpress["tau_per_prompt_mean"] >= 1.0
+    assert 0.0 <= xpress["repetition_rate"] <= 1.0
+
+
+def test_eval_checks_losslessness_against_both_references(eval_run):
+    """Against each method's own verify pass with every draft refused, and one-token decoding too."""
+    _, _, report = eval_run
+    rows = report["results"]["gsm8k"]
+    assert rows["xpress"]["lossless"] is True and rows["xpress"]["against_target_only"]["mismatches"] == 0
+    assert rows["dloop+xpress.b2"]["lossless"] is True
+
+
+def test_eval_reports_dloops_prefixes_and_branches(eval_run):
+    _, _, report = eval_run
+    loop = report["results"]["gsm8k"]["dloop+xpress.b2"]
+    assert loop["branches"] == 2 and loop["time_split"]["draft_s"] > 0
+    assert 0.0 <= loop["empty_prefix_share"] <= 1.0 and 0.0 <= loop["mean_prefix_kept"] <= 14
+    assert "mean_prefix_kept" not in report["results"]["gsm8k"]["xpress"]
+
+
+def test_eval_measures_repetition_against_the_drafters_own_block(eval_run):
+    _, _, report = eval_run
+    dflash = report["results"]["gsm8k"]["dflash"]
+    assert dflash["drafter_repetition_rate"] == dflash["repetition_rate"]  # its block is the drafter's
+
+
+def test_eval_splits_a_steps_time_and_sweeps_the_jacobi_iterations(eval_run):
+    _, _, report = eval_run
+    split = report["results"]["gsm8k"]["xpress"]["time_split"]
+    assert set(split) == {"prefill_s", "draft_s", "fold_s", "refine_s", "verify_s"} and split["fold_s"] > 0
+    assert set(report["iteration_sweep"]["gsm8k"]["xpress"]) == {"1", "3"}
+
+
+def test_eval_writes_its_table_and_plots(eval_run):
+    _, out, _ = eval_run
     for name in ("results.md", "acceptance.png", "tau_vs_iterations.png"):
         assert os.path.getsize(out / name) > 0
 

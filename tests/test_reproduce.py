@@ -24,41 +24,71 @@ def smoke_run(tmp_path_factory):
     return out, r
 
 
-def test_every_stage_hands_the_next_what_it_needs(smoke_run):
-    out, r = smoke_run
+def read_json(path):
+    return json.loads(path.read_text())
+
+
+def test_every_stage_finishes(smoke_run):
+    out, _ = smoke_run
     for stage in ("target", "regen") + STAGES + ("eval",):
         assert (out / stage / "DONE.json").is_file(), stage
-    # the target: an HF directory with its tokenizer, and its report
+
+
+def test_the_target_is_an_hf_directory_with_its_tokenizer_and_report(smoke_run):
+    out, _ = smoke_run
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "pretrain.json"):
         assert (out / "target" / name).is_file(), name
-    report = json.loads((out / "target" / "pretrain.json").read_text())
+    report = read_json(out / "target" / "pretrain.json")
     assert report["val_loss"] > 0 and 0 <= report["greedy"]["distinct_4"] <= 1 and report["greedy"]["examples"]
+
+
+def test_regeneration_gives_every_conversation_the_targets_reply(smoke_run):
+    out, _ = smoke_run
     regen = [json.loads(line) for line in open(out / "regen" / "data.jsonl")]
     assert len(regen) == 16 and all(row["conversations"][-1]["role"] == "assistant" for row in regen)
+
+
+def test_every_trained_stage_exports_the_dflash_layout_with_its_head(smoke_run):
+    out, _ = smoke_run
     for stage in STAGES:
         export = out / stage / "export"
-        assert json.loads((export / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+        assert read_json(export / "config.json")["architectures"] == ["DFlashDraftModel"]
         head = HEAD_OF[stage.split(".")[0]]
         assert (export / "heads" / f"{head}.safetensors").is_file() if head else not (export / "heads").exists()
-    t0 = json.loads((out / "eval" / "T0" / "results.json").read_text())
-    for ds in ("gsm8k",):
-        rows = t0["results"][ds]
-        assert set(rows) == {"target", *LABELS}
-        assert all(rows[label]["lossless"] is True for label in LABELS)
-        assert all(rows[label]["tau"] >= 1 and rows[label]["tau_per_prompt_mean"] >= 1 for label in LABELS)
-        assert set(t0["iteration_sweep"][ds]) == {"xpress", "xpress.frozen"}
-        for label in LABELS:  # every method against dflash on the same prompts, with its interval
-            if label != "dflash":
-                c = rows[label]["tau_vs_reference"]
-                assert c["reference"] == "dflash" and 0 < c["ci95"][0] <= c["ci95"][1]
-                assert c["ratio"] == pytest.approx(rows[label]["tau"] / rows["dflash"]["tau"], abs=1e-3)
-        cand = rows["xpress"]["candidate"]
-        assert cand["blocks"] > 0 and 0 <= cand["token_agreement"] <= 1 and cand["tau"] >= 1
-    t1 = json.loads((out / "eval" / "T1" / "results.json").read_text())
+
+
+def test_every_method_is_lossless_at_temperature_0_with_tau_and_its_interval(smoke_run):
+    out, _ = smoke_run
+    t0 = read_json(out / "eval" / "T0" / "results.json")
+    rows = t0["results"]["gsm8k"]
+    assert set(rows) == {"target", *LABELS}
+    assert all(rows[label]["lossless"] is True for label in LABELS)
+    assert all(rows[label]["tau"] >= 1 and rows[label]["tau_per_prompt_mean"] >= 1 for label in LABELS)
+    assert set(t0["iteration_sweep"]["gsm8k"]) == {"xpress", "xpress.frozen"}
+    for label in LABELS:  # every method against dflash on the same prompts, with its interval
+        if label != "dflash":
+            c = rows[label]["tau_vs_reference"]
+            assert c["reference"] == "dflash" and 0 < c["ci95"][0] <= c["ci95"][1]
+            assert c["ratio"] == pytest.approx(rows[label]["tau"] / rows["dflash"]["tau"], abs=1e-3)
+    assert rows["dloop.b2"]["branches"] == 2
+
+
+def test_xpress_candidate_mode_is_measured(smoke_run):
+    out, _ = smoke_run
+    cand = read_json(out / "eval" / "T0" / "results.json")["results"]["gsm8k"]["xpress"]["candidate"]
+    assert cand["blocks"] > 0 and 0 <= cand["token_agreement"] <= 1 and cand["tau"] >= 1
+
+
+def test_every_method_is_evaluated_at_temperature_1(smoke_run):
+    out, _ = smoke_run
+    t1 = read_json(out / "eval" / "T1" / "results.json")
     assert t1["settings"]["temperature"] == 1.0 and set(t1["results"]["gsm8k"]) == {"target", *LABELS}
-    # the speed passes: the target verifies each block's first 2 drafts, still lossless
+
+
+def test_the_speed_passes_verify_the_first_two_drafts_and_stay_lossless(smoke_run):
+    out, _ = smoke_run
     for name in ("T0_v2", "T1_v2"):
-        report = json.loads((out / "eval" / name / "results.json").read_text())
+        report = read_json(out / "eval" / name / "results.json")
         assert report["settings"]["verify_tokens"] == 2 and not report["iteration_sweep"]
         assert set(report["results"]["gsm8k"]) == {"target", *LABELS}
         for label in LABELS:
@@ -66,21 +96,38 @@ def test_every_stage_hands_the_next_what_it_needs(smoke_run):
             assert row["lossless"] is (True if name == "T0_v2" else None)
             assert 1 <= row["tau"] <= 3 and not any(row["accept_per_position"][2:])
     assert "### temperature 0, the target verifying the first 2 drafts of each block" in (out / "table.md").read_text()
-    results = json.loads((out / "results.json").read_text())
+
+
+def test_the_results_record_every_stages_time_and_every_eval(smoke_run):
+    out, _ = smoke_run
+    results = read_json(out / "results.json")
     assert set(results["stage_seconds"]) == {"target", "regen", *STAGES, "eval"}
     assert set(results["eval"]) == {"T0", "T1", "T0_v2", "T1_v2"}
-    # every method against the drafter trained as many more steps (dflash.more/), paired over prompts
-    for name, report in (("T0", t0), ("T1", t1)):
-        rows, same_budget = report["results"]["gsm8k"], results["tau_vs_same_budget"][name]["gsm8k"]
+
+
+def test_every_method_is_paired_with_the_same_budget_drafter(smoke_run):
+    """dflash.more/: the drafter trained as many more steps as a head, paired over prompts."""
+    out, _ = smoke_run
+    results = read_json(out / "results.json")
+    for name in ("T0", "T1"):
+        rows = read_json(out / "eval" / name / "results.json")["results"]["gsm8k"]
+        same_budget = results["tau_vs_same_budget"][name]["gsm8k"]
         assert set(same_budget) == set(LABELS) - {"dflash.more"}
         for label, c in same_budget.items():
             assert c["ratio"] == pytest.approx(rows[label]["tau"] / rows["dflash.more"]["tau"], abs=1e-3)
             assert 0 < c["ci95"][0] <= c["ci95"][1]
     assert "| tau / dflash (95%) | tau / dflash.more (95%) |" in (out / "table.md").read_text()
-    assert t0["results"]["gsm8k"]["dloop.b2"]["branches"] == 2
-    assert "| gsm8k | xpress |" in (out / "table.md").read_text() and "| gsm8k | xpress |" in r.stdout
-    assert "gsm8k dloop: the verified branch kept" in (out / "table.md").read_text()  # D-Loop's prefixes
-    # the console: progress and results, not library INFO lines
+
+
+def test_the_table_is_printed_with_dloops_prefixes(smoke_run):
+    out, r = smoke_run
+    table = (out / "table.md").read_text()
+    assert "| gsm8k | xpress |" in table and "| gsm8k | xpress |" in r.stdout
+    assert "gsm8k dloop: the verified branch kept" in table  # D-Loop's prefixes
+
+
+def test_the_console_shows_progress_and_results_and_library_logs_go_to_a_file(smoke_run):
+    out, r = smoke_run
     assert " I1" not in r.stderr and "checkpoint_manager" not in r.stderr
     assert "checkpoint_manager" in (out / "log.txt").read_text()
 
