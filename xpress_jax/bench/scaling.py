@@ -49,7 +49,7 @@ def scaling(config_path: str, devices=DEVICES) -> dict:
                 # the first row's model FLOPs are compiled for one device; the step's grow with the batch
                 model = None if first_model_flops is None else first_model_flops * batch_of(n) / batch_of(devices[0])
                 with subset_meshes_expected():
-                    r = dry_run(point, model_flops=model)
+                    r = dry_run(point, model_flops=model, platforms=())  # memory and FLOPs only
                 measured[n, batch_of(n)] = {
                     "devices": n, "batch_size": batch_of(n), "argument_gib": r.get("argument_gib"),
                     "temp_gib": r.get("temp_gib"), "peak_gib": r.get("peak_gib"),

@@ -50,10 +50,10 @@ FLOPS_COUNTING = {"xla_disable_hlo_passes": "cse"}
 
 
 def compile_step(config, compiler_options: dict | None = None):
-    """The train step compiled on abstract arrays (no weights, no data): (Setup, compiled)."""
+    """The train step compiled on abstract arrays (no weights, no data): (Setup, compiled, lowered)."""
     setup = Setup(config, abstract=True)
     lowered = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch())
-    return setup, lowered.compile(compiler_options=compiler_options)
+    return setup, lowered.compile(compiler_options=compiler_options), lowered
 
 
 def fused_attention(config, platform: str) -> list[str]:
@@ -84,7 +84,7 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), pro
     the fused attention kernels the step's lowered program holds. `progress(report so far)` after
     each compile, so a run cut short keeps what it measured."""
     refuse_uneven_mesh(config)
-    setup, compiled = compile_step(config)
+    setup, compiled, lowered = compile_step(config)
     mem = compiled.memory_analysis()
     gib = lambda b: round(b / 2**30, 3)  # noqa: E731
     devices = int(np.prod(list(setup.mesh.shape.values())))
@@ -107,8 +107,9 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), pro
                   largest_vocab_f32_bytes=largest_f32_bytes(compiled.as_text(), local_vocab,
                                                             except_shape=(local_vocab, arch.hidden_size)))
     progress(report)
-    report["fused_attention"] = {p: fused_attention(config, p) for p in dict.fromkeys((jax.default_backend(),
-                                                                                      *platforms))}
+    here = jax.default_backend()  # this backend's program is the one just lowered
+    report["fused_attention"] = {here: kernels.kernels_in(lowered.as_text()),
+                                 **{p: fused_attention(config, p) for p in platforms if p != here}}
     progress(report)
     counted = copy.deepcopy(config)
     with counted.unlocked():
