@@ -422,8 +422,8 @@ def test_the_lossless_reference_follows_the_arithmetic_of_the_run(monkeypatch):
 def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
     """The negative control: the shipped tiny target and drafter with an acceptance rule that
     commits one draft token more than the target verified. Against the verify-pass reference (its
-    loop offers no draft to the rule, so the bug cannot reach it) the check fails, in float32 and
-    in bf16; with the rule as it is, the same check passes."""
+    loop offers no draft to the rule, so the bug cannot reach it; computed once, with the rule as
+    it is) the check fails, in float32 and in bf16; with the rule as it is, the same check passes."""
     import jax
     import jax.numpy as jnp
     from xpress_jax import assets
@@ -445,8 +445,9 @@ def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
         acc = jnp.minimum(acc + 1, draft.shape[1])
         return acc, jnp.take_along_axis(jnp.argmax(target_logits, -1), acc[:, None], axis=1)[:, 0].astype(jnp.int32)
 
+    reference = speculative.generate(models, prompts, reject_drafts=True, **kw).tokens  # no draft reaches the rule
+
     def check():
-        reference = speculative.generate(models, prompts, reject_drafts=True, **kw).tokens
         return lossless_check(models.target, prompts, speculative.generate(models, prompts, **kw).tokens, reference)
 
     assert check()["lossless"] is True
