@@ -136,7 +136,8 @@ def test_a_sigterm_to_one_of_two_processes_saves_one_step_on_both():
     out_dir = tempfile.mkdtemp(prefix="sigterm_two_")
     run = start_two_processes(out_dir, "--config.train.steps=100000", "--config.train.save_every=100000")
     deadline = time.time() + 300
-    while not os.path.exists(os.path.join(out_dir, "log.jsonl")) or os.path.getsize(os.path.join(out_dir, "log.jsonl")) < 2:
+    log = os.path.join(out_dir, "log.jsonl")
+    while not os.path.exists(log) or os.path.getsize(log) < 2:
         assert run.poll() is None and time.time() < deadline, run.stderr.read()[-3000:]
         time.sleep(0.2)
     children = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True).stdout.split()

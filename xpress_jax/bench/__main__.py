@@ -92,7 +92,8 @@ def run_heads(config, out: str) -> dict:
                          progress=partial_writer(out, "heads"), compile_only=FLAGS.compile_only)
     if FLAGS.compile_only:
         for batch, r in result["batches"].items():
-            print(f"heads batch {batch}, compiled: {len(r['compile_s'])} programs in {sum(r['compile_s'].values()):.1f} s")
+            seconds = sum(r["compile_s"].values())
+            print(f"heads batch {batch}, compiled: {len(r['compile_s'])} programs in {seconds:.1f} s")
         return result
     plots.latency_against_iterations(result, os.path.join(out, "heads-latency_vs_iterations.png"))
     plots.draft_step_breakdown(result, os.path.join(out, "heads-draft_step.png"))

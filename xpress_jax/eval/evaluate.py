@@ -196,7 +196,7 @@ def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s
         r["time_split"] = component_times(spec, prompts[0], decoder=m.decoder, max_new_tokens=s.max_new_tokens,
                                           pad_multiple=pad, settings=s.decode(m.branches).for_decoder(m.decoder))
     if check_lossless and s.temperature == 0:
-        if s.lossless_reference == "verify_pass":  # this method's loop, every draft refused (resolved: never auto)
+        if s.lossless_reference == "verify_pass":  # this method's loop, every draft refused (auto is resolved)
             reference, _, _ = run_decoder(spec, prompts, m.decoder, s, stop_ids, pad, f"{ds}/{m.label} reference",
                                           m.branches, reject_drafts=True)
             one_token = lossless_check(spec.target, prompts, tokens, base_tokens)
@@ -244,7 +244,7 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     for ds, (prompts, skipped, _) in encoded.items():
         if not prompts:
             raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
-    # one padded prompt length for every dataset, the longest prompt's bucket: one compiled program per decoder setting
+    # one padded prompt length for every dataset, the longest prompt's bucket: one program per decoder setting
     pad = shared_length([len(p) for prompts, _, _ in encoded.values() for p in prompts], s.prefill_chunk)
     results, sweep, skipped_long, examples = {}, {}, {}, {}
     for ds in s.datasets:
@@ -269,8 +269,8 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
                                     **({"branches": m.branches} if DECODERS[m.decoder].loop else {})}
                           for m in methods},
               **describe_checkpoint(methods[0].checkpoint if one_checkpoint else ""),
-              "skipped_long_prompts": skipped_long, "padded_prompt_length": pad, "results": results, "iteration_sweep": sweep,
-              "examples": examples}
+              "skipped_long_prompts": skipped_long, "padded_prompt_length": pad, "results": results,
+              "iteration_sweep": sweep, "examples": examples}
     write_outputs(report, s.out_dir)
     failures = sum(r.get("mismatches", 0) for rows in results.values() for r in rows.values())
     return report, failures

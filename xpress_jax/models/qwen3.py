@@ -265,7 +265,8 @@ class Qwen3(nnx.Module):
             return (attend(q, k, v, mask, CACHE_ROWS) if fused is None else fused), written + ((k, v),)
 
         last = num_layers - 1  # its tap is read after the final norm, as HF reports it
-        # one tap row per distinct layer: DFlash's spacing repeats layers of a shallow target (6 layers, 5 taps: 1, 2, 2, 2, 3)
+        # one tap row per distinct layer: DFlash's spacing repeats the layers of a shallow target
+        # (6 layers, 5 drafter layers: taps 1, 2, 2, 2, 3)
         inner = list(dict.fromkeys(i for i in tap_layers if i != last))
         x, written, inner_taps = scan_layers(
             self.layers, x, positions, own_keys, carry=(),
