@@ -28,10 +28,10 @@
 # measurement with "complete": false, the dry run's after each compile, pytest one line a test),
 # so a stage cut by its limit keeps what it finished. --dry_run rehearses on a CPU: nothing is
 # installed, OUT defaults to a new temporary directory, the decode, dry_run and heads stages
-# compile their real 8B programs on abstract weights (nothing allocated), parity only collects
-# its tests, e2e runs as it does on the device (the shipped tiny checkpoints, fewer prompts), and
-# train times the tiny config with its scaling table at tiny shapes on 4 simulated devices (the
-# 8B table takes the CPU minutes; tests/test_trainer.py compiles the 8B step's memory and FLOPs). The exit code is 1 if a stage
+# compile their real 8B programs on abstract weights (nothing allocated), train compiles the 8B
+# step's scaling table on 8 simulated devices after one timed step of each tiny variant, parity
+# only collects its tests, and e2e runs as it does on the device (the shipped tiny checkpoints,
+# fewer prompts). benchmarks/cpu/gpu-dry-run/ records a whole --dry_run on this CPU. The exit code is 1 if a stage
 # failed or timed out.
 set -uo pipefail
 dry_run=0
@@ -111,8 +111,12 @@ if [ $dry_run = 1 ]; then
   stage e2e 25 python -m xpress_jax.eval --config=configs/tiny_heads.py --config.target.hf_dir=$target \
     --checkpoint=$dflash --decoders=dflash --datasets=gsm8k --num_prompts=2 --max_new_tokens=16 \
     --config.eval.iteration_sweep="()" --config.eval.time_split=false --check_lossless --out="$out/e2e"
-  stage train 125 python -m xpress_jax.bench --suite=train --config=$tiny --train_config=$tiny --train_steps=1 \
-    --anchor_chunks=4 --frozen_heads=markov --scaling_devices=4 --out="$out"
+  # the 8B scaling table on 8 simulated devices, as on the device; GPU_SH_TINY_SCALING=1 (the test
+  # suite) takes the tiny config's on 4 instead, since the 8B one compiles for minutes on a small CPU
+  scaling=(--scaling_devices=8)
+  [ "${GPU_SH_TINY_SCALING:-0}" = 1 ] && scaling=(--config=$tiny --scaling_devices=4)
+  stage train 125 python -m xpress_jax.bench --suite=train --train_config=$tiny --train_steps=1 \
+    --anchor_chunks=4 --frozen_heads=markov "${scaling[@]}" --out="$out"
 else
   stage parity 90 python -m pytest -v "${parity_tests[@]}"
   stage decode 120 python -m xpress_jax.bench "${decode_8b[@]}" --reps=3

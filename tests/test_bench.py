@@ -50,7 +50,8 @@ def test_roofline_verdict_follows_the_peaks():
 
 def run_gpu_script(out, budget_s=None):
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XPRESS_TEST_XLA_FLAGS", ""),
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "GPU_SH_TINY_SCALING": "1"}  # the 8B scaling table: benchmarks/cpu/gpu-dry-run/
     if budget_s is not None:
         env["GPU_SH_BUDGET_S"] = str(budget_s)
     r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), "--dry_run", str(out)], cwd=ROOT,
@@ -74,8 +75,8 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
     """benchmarks/gpu.sh --dry_run on this CPU, each stage recorded as it ends: the decode and
     dry_run stages compile their real Qwen3-8B programs on abstract weights (the decode loops of
     target-only decoding and DFlash, the train step with its attention kernel lowered for TPU);
-    the heads stage compiles its 8B programs likewise; the others run at tiny sizes, with the train
-    suite's figures and plots."""
+    the heads stage compiles its 8B programs likewise; the train stage's scaling table is the tiny
+    config's here (GPU_SH_TINY_SCALING), with the train suite's figures and plots."""
     r, stages = run_gpu_script(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [s["stage"] for s in stages] == ["parity", "decode", "dry_run", "heads", "e2e", "train"]
