@@ -31,7 +31,8 @@
 # compile their real 8B programs on abstract weights (nothing allocated), train compiles the 8B
 # step's scaling table on 8 simulated devices after one timed step of each tiny variant, parity
 # only collects its tests, and e2e runs as it does on the device (the shipped tiny checkpoints,
-# fewer prompts). benchmarks/cpu/gpu-dry-run/ records a whole --dry_run on this CPU. The exit code is 1 if a stage
+# fewer prompts). benchmarks/cpu/gpu-dry-run/ records a whole --dry_run on this CPU;
+# GPU_SH_TINY=1 runs every stage at the tiny config's shapes instead (the test suite's plumbing check). The exit code is 1 if a stage
 # failed or timed out.
 set -uo pipefail
 dry_run=0
@@ -104,17 +105,24 @@ decode_8b=(--suite=decode --decode_config=configs/qwen3_8b.py --contexts=1024 --
 dry_run_8b=(--config=configs/qwen3_8b.py --dry_run --config.mesh.shape="(1,1,1)" --config.train.batch_size=2
             --dry_run_out="$out/dry_run.json")
 if [ $dry_run = 1 ]; then
+  # the accelerator run's 8B programs, compiled on abstract weights; GPU_SH_TINY=1 (the test suite)
+  # compiles the same stages at the tiny config's shapes, since the 8B ones take the CPU minutes
+  decode_dry=("${decode_8b[@]}") dry_run_dry=("${dry_run_8b[@]}") heads_dry=(--dtype=bfloat16)
+  scaling=(--scaling_devices=8)
+  if [ "${GPU_SH_TINY:-0}" = 1 ]; then
+    decode_dry=(--suite=decode --decode_config=$tiny --contexts=128 --batches=1 --decode_tokens=16
+                --decode_variants=dflash --out="$out")
+    dry_run_dry=(--config=$tiny --dry_run --config.mesh.shape="(1,1,1)" --dry_run_out="$out/dry_run.json")
+    heads_dry=(--config=$tiny --batches=2 --context=32)
+    scaling=(--config=$tiny --scaling_devices=4)
+  fi
   stage parity 90 python -m pytest -q --collect-only "${parity_tests[@]}"
-  stage decode 120 python -m xpress_jax.bench "${decode_8b[@]}" --compile_only
-  stage dry_run 90 python -m xpress_jax.train "${dry_run_8b[@]}"
-  stage heads 80 python -m xpress_jax.bench --suite=heads --dtype=bfloat16 --compile_only --out="$out"
+  stage decode 120 python -m xpress_jax.bench "${decode_dry[@]}" --compile_only
+  stage dry_run 90 python -m xpress_jax.train "${dry_run_dry[@]}"
+  stage heads 80 python -m xpress_jax.bench --suite=heads "${heads_dry[@]}" --compile_only --out="$out"
   stage e2e 25 python -m xpress_jax.eval --config=configs/tiny_heads.py --config.target.hf_dir=$target \
     --checkpoint=$dflash --decoders=dflash --datasets=gsm8k --num_prompts=2 --max_new_tokens=16 \
     --config.eval.iteration_sweep="()" --config.eval.time_split=false --check_lossless --out="$out/e2e"
-  # the 8B scaling table on 8 simulated devices, as on the device; GPU_SH_TINY_SCALING=1 (the test
-  # suite) takes the tiny config's on 4 instead, since the 8B one compiles for minutes on a small CPU
-  scaling=(--scaling_devices=8)
-  [ "${GPU_SH_TINY_SCALING:-0}" = 1 ] && scaling=(--config=$tiny --scaling_devices=4)
   stage train 125 python -m xpress_jax.bench --suite=train --train_config=$tiny --train_steps=1 \
     --anchor_chunks=4 --frozen_heads=markov "${scaling[@]}" --out="$out"
 else
