@@ -23,7 +23,7 @@ from flax import nnx
 
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.errors import InputError
-from xpress_jax.timing import fastest_seconds
+from xpress_jax.timing import compile_seconds, fastest_seconds
 
 # (label, decoder, settings): every decoder, XPress at three fixed iteration counts, D-Loop at one and four branches
 VARIANTS = (
@@ -67,16 +67,12 @@ def step_seconds(models, prompts, decoder: str, settings: DecodeSettings, *, new
             "tokens_per_step": float(out.stats["committed"].sum() / out.stats["steps"].sum())}
 
 
-def compile_seconds(models, decoder: str, settings: DecodeSettings, *, batch: int, prompt_len: int,
-                    new_tokens: int) -> dict:
-    """Seconds to trace + lower and to compile `decoder`'s whole decode loop (prefill, then the
-    while loop) on `models`, which may be abstract (`nnx.eval_shape`): the program a run at these
-    shapes compiles, with nothing allocated, so an 8B loop compiles on a small host."""
-    import time
-
+def loop_compile_seconds(models, decoder: str, settings: DecodeSettings, *, batch: int, prompt_len: int,
+                         new_tokens: int) -> dict:
+    """`timing.compile_seconds` of `decoder`'s whole decode loop (prefill, then the while loop) on
+    `models`, which may be abstract (`nnx.eval_shape`), so an 8B loop compiles on a small host."""
     import jax
     import jax.numpy as jnp
-    from flax import nnx
 
     from xpress_jax.decoding.speculative import TRACED, DecodeOptions, _decode
     from xpress_jax.methods import DECODERS
@@ -85,12 +81,8 @@ def compile_seconds(models, decoder: str, settings: DecodeSettings, *, batch: in
                          settings=dataclasses.replace(settings.for_decoder(decoder), max_iters=TRACED))
     graphdef, state = nnx.split(models)
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
-    t0 = time.perf_counter()
-    lowered = _decode.lower(graphdef, state, i32(batch, prompt_len), i32(batch), i32(2), jax.random.key(0),
-                            jnp.float32(1.0), jnp.int32(new_tokens), jnp.int32(settings.max_iters), opts)
-    t1 = time.perf_counter()
-    lowered.compile()
-    return {"trace_and_lower_s": round(t1 - t0, 2), "compile_s": round(time.perf_counter() - t1, 2)}
+    return compile_seconds(_decode, graphdef, state, i32(batch, prompt_len), i32(batch), i32(2), jax.random.key(0),
+                           jnp.float32(1.0), jnp.int32(new_tokens), jnp.int32(settings.max_iters), opts)
 
 
 def with_verify_tokens(variants, verify_tokens) -> tuple:
@@ -108,7 +100,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
     """For each context length (prompt tokens) and batch size: every variant's seconds per step and
     its break-even tau (its step over target-only decoding's step), each drafter variant at each
     verify length of `verify_tokens`. `progress(result so far)` after each variant.
-    compile_only: on abstract weights, each variant's loop compiled and not run (`compile_seconds`):
+    compile_only: on abstract weights, each variant's loop compiled and not run (`loop_compile_seconds`):
     what a run at these shapes compiles, on any host."""
     from xpress_jax.models.build import build_target, new_drafter, new_head, drafter_config
     from xpress_jax.decoding.speculative import SpecModels
@@ -141,7 +133,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
             rows = out["contexts"].setdefault(str(context), {}).setdefault(str(batch), {})
             for label, decoder, settings in variants:
                 models = SpecModels(target, drafter, heads.get(HEAD_OF[decoder]))
-                rows[label] = (compile_seconds(models, decoder, settings, batch=batch, prompt_len=context,
+                rows[label] = (loop_compile_seconds(models, decoder, settings, batch=batch, prompt_len=context,
                                                new_tokens=new_tokens) if compile_only else
                                step_seconds(models, prompts, decoder, settings, new_tokens=new_tokens, reps=reps))
                 progress(out)

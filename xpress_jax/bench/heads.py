@@ -19,7 +19,7 @@ from flax import nnx
 from xpress_jax.models.build import drafter_config, new_drafter, new_head, target_config
 from xpress_jax.bench import costs
 from xpress_jax.decoding.jacobi import token_agreement
-from xpress_jax.timing import median_seconds
+from xpress_jax.timing import compile_seconds, median_seconds
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.models.drafter import ContextCache
@@ -34,15 +34,6 @@ def _random_like(module: nnx.Module, seed: int, std: float) -> nnx.Module:
     for _, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
         var.set_value((std * jax.random.normal(next(keys), var.shape)).astype(var.get_value().dtype))
     return module
-
-
-def compile_seconds(fn, args) -> float:
-    """Seconds to compile a jitted call on (possibly abstract) arguments."""
-    import time
-    lowered = fn.lower(*args)
-    t0 = time.perf_counter()
-    lowered.compile()
-    return round(time.perf_counter() - t0, 2)
 
 
 def build(config, tcfg, dcfg, seed: int = 0) -> dict:
@@ -124,7 +115,7 @@ def suite(config, *, batches=(1, 8), context: int = 512, reps: int = 5, peaks: d
             calls[f"xpress_it4_top{top_k}"] = (*refine("xpress", folded, max_iters=4, early_stop=False, top_k=top_k),
                                               costs.xpress_candidates(d, 4, top_k))
         if compile_only:
-            out["batches"][str(batch)] = {"compile_s": {name: compile_seconds(fn, args)
+            out["batches"][str(batch)] = {"compile_s": {name: compile_seconds(fn, *args)["compile_s"]
                                                         for name, (fn, args, _) in calls.items()}}
             progress(out)
             continue
