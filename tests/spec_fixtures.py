@@ -10,7 +10,7 @@ from flax import nnx
 from scipy import stats
 
 from xpress_jax.decoding.speculative import SpecModels
-from xpress_jax.methods import HEAD_OF, HEADS
+from xpress_jax.methods import DECODERS, HEADS, head_of
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
@@ -39,8 +39,8 @@ SMALL_HEADS = ml_collections.ConfigDict({"rank": 8, "gru_hidden": 8, "proj_dim":
 
 
 def make_head(decoder, cfg: DrafterConfig, seed):
-    """The head `decoder` refines with (methods.HEAD_OF), built through the registry; None if none."""
-    name = HEAD_OF.get(decoder, decoder)
+    """The head `decoder` refines with (methods.head_of), built through the registry; None if none."""
+    name = head_of(decoder) if decoder in DECODERS else decoder
     if name is None:
         return None
     return redraw(HEADS[name].module(rngs=nnx.Rngs(seed), **HEADS[name].kwargs(SMALL_HEADS, cfg)), seed)

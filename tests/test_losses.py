@@ -1,6 +1,8 @@
 """Training losses and anchored blocks against numpy: CE, TV, w_k, D-Loop's weights, prefix
 lengths and fallback anchor, simulated acceptance, and compute_loss's terms recomputed by hand."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,7 +107,7 @@ def test_train_loss_terms_match_a_manual_computation(tmp_path):
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, 256, (2, 40)), jnp.int32)
     mask = jnp.asarray(np.arange(40)[None] >= 8).repeat(2, 0)
-    s = LossSettings(num_anchors=6, anchor_chunk=3, tv=0.5)
+    s = dataclasses.replace(LossSettings.from_config(config.train), num_anchors=6, anchor_chunk=3, tv=0.5)
     key = jax.random.key(7)
     _, metrics = compute_loss(model, target, ids, mask, key, s)
     # by hand

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from cli_helpers import ROOT, invoke, run
-from xpress_jax.methods import HEAD_OF
+from xpress_jax.methods import head_of
 
 SMOKE = os.path.join(ROOT, "configs", "tiny_repro_smoke.py")
 STAGES = ("dflash", "dflash.more", "xpress", "xpress.frozen", "markov", "gru", "dloop", "dloop+xpress")  # the trained ones
@@ -53,7 +53,7 @@ def test_every_trained_stage_exports_the_dflash_layout_with_its_head(smoke_run):
     for stage in STAGES:
         export = out / stage / "export"
         assert read_json(export / "config.json")["architectures"] == ["DFlashDraftModel"]
-        head = HEAD_OF[stage.split(".")[0]]
+        head = head_of(stage.split(".")[0])
         assert (export / "heads" / f"{head}.safetensors").is_file() if head else not (export / "heads").exists()
 
 

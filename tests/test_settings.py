@@ -10,7 +10,6 @@ from xpress_jax.config import dflash_recipe, drafter_section, heads_section, run
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.models.drafter import DrafterConfig
-from xpress_jax.train.step import LossSettings
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +33,6 @@ def test_decode_settings_defaults_are_the_eval_sections(recipe):
     for name, value in defaults.items():
         assert value == where.get(name, lambda e: e[name])(recipe.eval), name
     assert EvalSettings.from_config(recipe.eval).decode() == DecodeSettings()
-
-
-def test_loss_settings_defaults_are_the_train_sections(recipe):
-    defaults = _defaults(LossSettings)
-    assert set(defaults) == {f.name for f in dataclasses.fields(LossSettings)}
-    for name, value in defaults.items():
-        assert value == (recipe.train.loss[name] if name in recipe.train.loss else recipe.train[name]), name
-    assert LossSettings.from_config(recipe.train) == LossSettings()
-    changed = recipe.train.copy_and_resolve_references()
-    changed.loss.tv = 0.25
-    assert LossSettings.from_config(changed).tv == 0.25
 
 
 def test_eval_settings_have_exactly_the_eval_sections_fields_and_no_defaults_of_their_own(recipe):

@@ -1,6 +1,7 @@
 """The trainer: sharded steps equal a single device, resume after SIGKILL is bitwise exact,
 SIGTERM saves, learning happens, bad input gets clear errors, init_from and the XPress objective."""
 
+import dataclasses
 import json
 import os
 import re
@@ -240,7 +241,7 @@ def test_array_record_files_are_read(tmp_path):
 
 def test_xpress_training_does_not_count_the_drafter_ce_twice(tmp_path):
     """With the xpress head, the drafter-anchor term (CE + TV on p^b) is the drafter's loss; DFlash's
-    CE is logged but added only with train.loss.dflash_ce_with_xpress."""
+    CE is logged but added only with train.loss.dflash_ce_with_heads."""
     from xpress_jax.train.step import LossSettings, compute_loss
     from xpress_jax.models.build import build_target, build_trainable
     config = train_config(tmp_path)
@@ -250,7 +251,8 @@ def test_xpress_training_does_not_count_the_drafter_ce_twice(tmp_path):
     mask = jnp.asarray(np.arange(40)[None] >= 8).repeat(2, 0)
     xpress_terms = ("loss/xpress_teacher_forced", "loss/xpress_anchor", "loss/xpress_consistency")
     for with_ce in (False, True):
-        s = LossSettings(num_anchors=6, anchor_chunk=3, dflash_ce_with_xpress=with_ce)
+        s = dataclasses.replace(LossSettings.from_config(config.train), num_anchors=6, anchor_chunk=3,
+                                dflash_ce_with_heads=with_ce)
         total, m = compute_loss(model, target, ids, mask, jax.random.key(3), s)
         expect = sum(float(m[k]) for k in xpress_terms) + (float(m["loss/dflash_ce"]) if with_ce else 0.0)
         assert float(total) == pytest.approx(expect, rel=1e-5)

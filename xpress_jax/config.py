@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_collections
 
+from xpress_jax.methods import head_loss_weights, head_size_defaults
 from xpress_jax.models.drafter import DFLASH_BLOCK_SIZE, DFLASH_DRAFT_LAYERS
 
 
@@ -46,9 +47,14 @@ def drafter_section(num_layers: int = DFLASH_DRAFT_LAYERS, target_layer_ids=(), 
                                       "block_size": block_size, "mask_token_id": mask_token_id})
 
 
-def heads_section(rank: int = 256, gru_hidden: int = 256, proj_dim: int = 256) -> ml_collections.ConfigDict:
-    """Sizes of the causal heads (XPress refiner and the Markov / GRU baselines)."""
-    return ml_collections.ConfigDict({"rank": rank, "gru_hidden": gru_hidden, "proj_dim": proj_dim})
+def heads_section(**sizes: int) -> ml_collections.ConfigDict:
+    """Sizes of the causal heads: every registered head's (`methods.HEADS`), at their defaults
+    unless given here."""
+    fields = head_size_defaults()
+    unknown = sorted(set(sizes) - set(fields))
+    if unknown:
+        raise ValueError(f"heads_section: unknown sizes {unknown}; the registered heads have {sorted(fields)}")
+    return ml_collections.ConfigDict({**fields, **sizes})
 
 
 def run_section(*layers: dict | None) -> dict:
@@ -65,7 +71,7 @@ def run_section(*layers: dict | None) -> dict:
 
 def drafter_training() -> dict:
     """The `train` section's own fields (beside `run_section`'s): the DFlash recipe's anchors and
-    the losses. `train.step.LossSettings` takes its defaults from here."""
+    the losses."""
     return dict(
         epochs=6, trainable="all", heads=("xpress",), num_anchors=512, anchor_chunk=32, distributed=False,
         # the backward pass recomputes each anchor chunk's forward (True), and inside it what each
@@ -77,15 +83,12 @@ def drafter_training() -> dict:
         # a trained drafter to start from (DFlash layout: ours or a published one) and heads from
         # its heads/ folder where present; empty: random initialisation
         init_from="",
-        loss={"gamma": 7.0, "dflash_ce": 1.0, "tv": 1.0, "xpress_teacher_forced": 1.0, "xpress_anchor": 1.0,
-              # the paper's consistency term; 0 gave +3-4% tau on held-out prompts for a refiner
-              # on a frozen tiny drafter (README, "The heads' budget")
-              "xpress_consistency": 1.0, "markov": 1.0, "gru": 1.0, "dloop": 0.0, "dloop_beta": 0.8,
-              "dloop_tau_s": 7.0,
-              # XPress as the paper writes it: when the xpress head trains, its drafter-anchor term
-              # (CE + TV on p^b) is the drafter's loss, so DFlash's CE on p^b is not added again
-              # (it would count that CE twice); True adds it anyway
-              "dflash_ce_with_xpress": False})
+        # the drafter's losses, then each registered head's terms with their weights
+        loss={"gamma": 7.0, "dflash_ce": 1.0, "tv": 1.0, "dloop": 0.0, "dloop_beta": 0.8, "dloop_tau_s": 7.0,
+              # XPress as the paper writes it: while a head whose terms include the drafter's own
+              # logits trains (its drafter-anchor term, CE + TV on p^b), DFlash's CE on p^b is not
+              # added again (it would count that CE twice); True adds it anyway
+              "dflash_ce_with_heads": False, **head_loss_weights()})
 
 
 def evaluation_defaults() -> dict:

@@ -15,14 +15,12 @@ import ml_collections
 
 from xpress_jax.config import DTYPES, LOSSLESS_REFERENCES
 from xpress_jax.errors import ConfigError
-from xpress_jax.methods import HEADS, SPEC_DECODERS
+from xpress_jax.methods import HEADS, head_loss_weights, head_size_defaults, spec_decoders
 from xpress_jax.models.layers import REMAT_POLICIES
 
 Rule = Callable[[Any], str | None]  # the value -> None if fine, else what is allowed
 
 DTYPE_NAMES = tuple(DTYPES)
-HEAD_NAMES = tuple(HEADS)  # trainable heads
-DECODER_NAMES = SPEC_DECODERS  # what eval.decoders may list
 
 
 def _is_int(v) -> bool:
@@ -86,6 +84,15 @@ def sequence(item: Rule, *, length: int | None = None, nonempty: bool = False, u
     return rule
 
 
+def registered(names: Callable[[], tuple[str, ...]], what: str) -> Rule:
+    """Unique names from a registry, read when the value is checked (a head registered after
+    import is allowed)."""
+    def rule(v):
+        choices = names()
+        return sequence(one_of(*choices), unique=True, what=f"{what} from {', '.join(choices)}")(v)
+    return rule
+
+
 def mesh_shape(v):
     allowed = "a tuple of 3 sizes (data, fsdp, tensor), each >= 1 or -1 (the rest, at most once)"
     if not isinstance(v, (tuple, list)) or len(v) != 3 or not all(_is_int(x) and (x >= 1 or x == -1) for x in v):
@@ -111,24 +118,21 @@ RULES: dict[str, Rule] = {
     "drafter.num_layers": _pos_int, "drafter.block_size": integer(2),
     "drafter.target_layer_ids": sequence(_nonneg_int, unique=True, what="layer ids >= 0"),
     "drafter.mask_token_id": integer(-1),  # -1: from the target's tokenizer
-    "heads.rank": _pos_int, "heads.gru_hidden": _pos_int, "heads.proj_dim": _pos_int,
     # train.steps 0 means "by epochs" (train.epochs over the data)
     "train.steps": _nonneg_int, "train.epochs": _pos_int,
     "train.trainable": one_of("all", "drafter", "heads"),
-    "train.heads": sequence(one_of(*HEAD_NAMES), unique=True, what=f"heads from {', '.join(HEAD_NAMES)}"),
+    "train.heads": registered(lambda: tuple(HEADS), "heads"),
     "train.num_anchors": _pos_int, "train.anchor_chunk": _pos_int, "train.remat": boolean,
     "train.layer_remat": one_of(*REMAT_POLICIES),
     "train.distributed": boolean, "train.init_from": text(), "train.allow_config_change": boolean,
     "train.loss.gamma": number(0.0, lo_open=True), "train.loss.dflash_ce": _weight, "train.loss.tv": _weight,
-    "train.loss.xpress_teacher_forced": _weight, "train.loss.xpress_anchor": _weight,
-    "train.loss.xpress_consistency": _weight, "train.loss.markov": _weight, "train.loss.gru": _weight,
     "train.loss.dloop": _weight, "train.loss.dloop_beta": number(0.0, 1.0, lo_open=True, hi_open=True),
-    "train.loss.dloop_tau_s": number(0.0, lo_open=True), "train.loss.dflash_ce_with_xpress": boolean,
+    "train.loss.dloop_tau_s": number(0.0, lo_open=True), "train.loss.dflash_ce_with_heads": boolean,
     "data.train_files": sequence(text(nonempty=True), what="file paths"), "data.tokenizer_dir": text(),
     "data.max_len": integer(2),
     "mesh.shape": mesh_shape,
     "eval.datasets": sequence(text(nonempty=True), nonempty=True, what="dataset names or paths"),
-    "eval.decoders": sequence(one_of(*DECODER_NAMES), unique=True, what=f"decoders from {', '.join(DECODER_NAMES)}"),
+    "eval.decoders": registered(spec_decoders, "decoders"),
     "eval.num_prompts": _pos_int, "eval.max_new_tokens": _pos_int, "eval.temperature": number(0.0),
     "eval.batch_size": _pos_int, "eval.seed": _nonneg_int, "eval.max_iters": _pos_int, "eval.early_stop": boolean,
     "eval.verify_tokens": _nonneg_int, "eval.drafter_dtype": one_of(*DTYPE_NAMES),
@@ -174,11 +178,21 @@ def leaves(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any
     return out
 
 
+def rule_of(key: str) -> Rule | None:
+    """The rule of a dotted key: RULES, or a registered head's size or loss weight."""
+    if key in RULES:
+        return RULES[key]
+    section, _, name = key.rpartition(".")
+    if (section == "heads" and name in head_size_defaults()) or (section == "train.loss" and name in head_loss_weights()):
+        return _pos_int if section == "heads" else _weight
+    return None
+
+
 def check_fields(values: dict[str, Any]) -> None:
     """Per-field rules over dotted keys; a key without a rule is refused too (a typo in a config
     file, or a field added without its rule)."""
     for key, value in values.items():
-        rule = RULES.get(key)
+        rule = rule_of(key)
         if rule is None:
             raise ConfigError(f"config field {key} has no validation rule (unknown field?)")
         allowed = rule(value)

@@ -104,7 +104,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
     what a run at these shapes compiles, on any host."""
     from xpress_jax.models.build import build_target, new_drafter, new_head, drafter_config
     from xpress_jax.decoding.speculative import SpecModels
-    from xpress_jax.methods import HEAD_OF
+    from xpress_jax.methods import head_of
 
     if new_tokens < 2:
         raise InputError(f"new_tokens must be >= 2 (one step past the first token), got {new_tokens}")
@@ -119,7 +119,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
             raise InputError(f"verify_tokens {m} is outside 0..{drafter.cfg.block_size - 1} (block {drafter.cfg.block_size})")
     variants = with_verify_tokens(variants, verify_tokens)
     heads = {name: build(lambda name=name: new_head(name, config, drafter.cfg))
-             for name in {HEAD_OF[d] for _, d, _ in variants} - {None}}
+             for name in {head_of(d) for _, d, _ in variants} - {None}}
     rng = np.random.default_rng(config.seed)
     vocab = target.cfg.vocab_size
     out = {"new_tokens": new_tokens, "reps": reps,
@@ -132,7 +132,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
             prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
             rows = out["contexts"].setdefault(str(context), {}).setdefault(str(batch), {})
             for label, decoder, settings in variants:
-                models = SpecModels(target, drafter, heads.get(HEAD_OF[decoder]))
+                models = SpecModels(target, drafter, heads.get(head_of(decoder)))
                 rows[label] = (loop_compile_seconds(models, decoder, settings, batch=batch, prompt_len=context,
                                                new_tokens=new_tokens) if compile_only else
                                step_seconds(models, prompts, decoder, settings, new_tokens=new_tokens, reps=reps))

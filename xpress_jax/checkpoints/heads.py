@@ -1,8 +1,6 @@
-"""Causal-head weights as safetensors, keyed by the module's own parameter paths.
-
-The Markov head's keys follow SpecForge's DSpark layout (`markov_head.markov_w1.weight`,
-`markov_head.markov_w2.weight`, both [vocab, rank]) so its checkpoints interchange with theirs.
-"""
+"""Causal-head weights as safetensors, keyed by the module's own parameter paths, or by the keys
+its registry entry names (`HeadSpec.file_keys`: the Markov head's follow SpecForge's DSpark
+layout, so its checkpoints interchange with theirs)."""
 
 from __future__ import annotations
 
@@ -17,12 +15,10 @@ from xpress_jax.checkpoints.safetensors_io import SafetensorsDir, SafetensorsFil
 from xpress_jax.errors import CheckpointError
 from xpress_jax.methods import HEADS
 
-_MARKOV = {"markov_w1": "markov_head.markov_w1.weight", "markov_w2": "markov_head.markov_w2.weight"}
-
-
-def head_rules(module: nnx.Module) -> list[KeyRule]:
+def head_rules(module: nnx.Module, name: str) -> list[KeyRule]:
     paths = [dotted(p) for p, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))]
-    return [KeyRule(_MARKOV.get(p, p), p) for p in paths]
+    keys = HEADS[name].file_keys
+    return [KeyRule(keys.get(p, p), p) for p in paths]
 
 
 def head_file(directory: str, name: str) -> str:
@@ -32,14 +28,8 @@ def head_file(directory: str, name: str) -> str:
 def head_config(head: nnx.Module, name: str) -> dict:
     """A small config.json for one head: its sizes (read off the tensors) and its equations."""
     shapes = {rule.hf: list(v.shape) for rule, (_, v) in
-              zip(head_rules(head), nnx.to_flat_state(nnx.state(head, nnx.Param)))}
-    dims = {}
-    if name == "xpress":
-        dims = {"vocab_size": shapes["W_e"][0], "rank": shapes["W_e"][1], "hidden_size": shapes["W_h"][0],
-                "num_positions": shapes["L"][0], "block_size": shapes["L"][0] + 1}
-    elif name == "markov":
-        dims = {"vocab_size": shapes[_MARKOV["markov_w1"]][0], "rank": shapes[_MARKOV["markov_w1"]][1]}
-    return {"head": name, "class": type(head).__name__, **dims, "tensors": shapes,
+              zip(head_rules(head, name), nnx.to_flat_state(nnx.state(head, nnx.Param)))}
+    return {"head": name, "class": type(head).__name__, **HEADS[name].dims(shapes), "tensors": shapes,
             "formula": HEADS[name].formula}
 
 
@@ -48,7 +38,7 @@ def save_head(head: nnx.Module, directory: str, name: str, dtype=None) -> str:
     path = head_file(directory, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp_dir = path + ".d"
-    save_from(head, head_rules(head), tmp_dir, dtype=dtype, max_shard_bytes=2**62)
+    save_from(head, head_rules(head, name), tmp_dir, dtype=dtype, max_shard_bytes=2**62)
     os.replace(os.path.join(tmp_dir, "model.safetensors"), path)
     os.rmdir(tmp_dir)
     config_path = path.removesuffix(".safetensors") + ".config.json"
@@ -68,4 +58,4 @@ def load_head(abstract: nnx.Module, directory: str, name: str, mesh=None) -> nnx
     path = head_file(directory, name)
     if not os.path.isfile(path):
         raise CheckpointError(f"no {name} head in the checkpoint: {path} is missing")
-    return load_into(abstract, head_rules(abstract), _OneFile(path), mesh=mesh)
+    return load_into(abstract, head_rules(abstract, name), _OneFile(path), mesh=mesh)

@@ -16,7 +16,7 @@ from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.padding import pad_prompts
 from xpress_jax.decoding.speculative import SpecModels, draft_block, fold_head, prefill, verify_block
-from xpress_jax.methods import DECODERS, HEAD_OF
+from xpress_jax.methods import DECODERS, head_of
 from xpress_jax.timing import median_seconds
 
 
@@ -36,7 +36,7 @@ def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_
     for dloop+xpress; refine is then 0) and verify the engine's joint pass over the K branches."""
     drafter = models.drafter
     spec = DECODERS[decoder]
-    head_name = HEAD_OF[decoder]
+    head_name = head_of(decoder)
     block = drafter.cfg.block_size if spec.drafter else 1
     verified = settings.drafted(block)  # the draft tokens the target's pass reads
     ids, lengths = pad_prompts([prompt], multiple=pad_multiple)

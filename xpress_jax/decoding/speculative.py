@@ -29,7 +29,7 @@ from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.verify import greedy_accept, gumbel_noise, speculative_accept
 from xpress_jax.errors import InputError
-from xpress_jax.methods import DECODERS, HEAD_OF, HEADS, JACOBI
+from xpress_jax.methods import DECODERS, HEADS, JACOBI, head_of
 from xpress_jax.models.drafter import ContextCache, DFlashDrafter, block_inputs
 from xpress_jax.models.kernels import EINSUM, choose_kernel
 from xpress_jax.models.qwen3 import KVCache, Qwen3, write_at
@@ -212,7 +212,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
     slots = jnp.arange(m + 1, dtype=jnp.int32)  # the verified block: last + m drafts
 
     loop = DECODERS[opts.decoder].loop
-    head_name = HEAD_OF[opts.decoder]
+    head_name = head_of(opts.decoder)
     head = fold_head(head_name, head)  # hoisted out of the loop: the weights do not change between blocks
 
     def draft_and_verify(tcache, ctx, last, k_noise, k_accept):
@@ -300,7 +300,7 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
     if models.drafter is None:
         raise InputError(f"head {decoder!r} needs a drafter")
     models.drafter.cfg.check_target(models.target.cfg)
-    head = HEAD_OF[decoder]
+    head = head_of(decoder)
     if head and models.head is None:
         raise InputError(f"decoder {decoder!r} was chosen but no {head} head was given")
 

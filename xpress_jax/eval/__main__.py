@@ -29,16 +29,16 @@ from xpress_jax.errors import InputError
 from xpress_jax.eval.evaluate import checkpoint_decoders, evaluate, parse_methods
 from xpress_jax.eval.report import markdown
 from xpress_jax.eval.settings import EvalSettings
-from xpress_jax.methods import SPEC_DECODERS
+from xpress_jax.methods import spec_decoders
 
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
 flags.DEFINE_string("checkpoint", "", "Drafter directory (DFlash layout, heads/ beside it) for every --decoders; "
                     "empty: random.", flag_values=FLAGS)
 flags.DEFINE_list("checkpoints", None, f"One checkpoint per method: LABEL=DIR,... where LABEL is a decoder "
-                  f"({', '.join(SPEC_DECODERS)}) optionally with a .variant (xpress.frozen=DIR). Replaces "
+                  f"({', '.join(spec_decoders())}) optionally with a .variant (xpress.frozen=DIR). Replaces "
                   "--decoders/--checkpoint.", flag_values=FLAGS)
 flags.DEFINE_list("datasets", None, "gsm8k, humaneval, mt_bench, alpaca, or paths to jsonl files.", flag_values=FLAGS)
-flags.DEFINE_list("decoders", None, f"Any of {', '.join(SPEC_DECODERS)}, all from --checkpoint (default: DFlash and "
+flags.DEFINE_list("decoders", None, f"Any of {', '.join(spec_decoders())}, all from --checkpoint (default: DFlash and "
                   "every head the checkpoint holds; without --checkpoint, eval.decoders).", flag_values=FLAGS)
 flags.DEFINE_list("dloop_branches", None, "D-Loop's branch counts (prefixes verified together), e.g. 1,4: each "
                   "dloop method is measured at each, labelled LABEL.b4 for 4 (default eval.dloop_branches).",

@@ -25,7 +25,7 @@ from xpress_jax.eval.candidates import candidate_mode_agreement
 from xpress_jax.eval.metrics import compare_to_reference, summarise
 from xpress_jax.eval.report import write_outputs
 from xpress_jax.eval.settings import EvalSettings
-from xpress_jax.methods import DECODERS, HEAD_OF, SPEC_DECODERS
+from xpress_jax.methods import DECODERS, head_of, spec_decoders
 from xpress_jax.config import dtype
 from xpress_jax.models.build import build_drafter, build_head, build_target, describe_checkpoint, target_config
 
@@ -61,17 +61,17 @@ def with_branches(methods: list[Method], branches) -> list[Method]:
 def checkpoint_decoders(checkpoint: str) -> tuple[str, ...]:
     """The one-pass decoders a drafter directory holds: DFlash, and each head found in heads/."""
     from xpress_jax.checkpoints.heads import head_file
-    return tuple(d for d in SPEC_DECODERS if not DECODERS[d].loop
-                 and (HEAD_OF[d] is None or os.path.isfile(head_file(checkpoint, HEAD_OF[d]))))
+    return tuple(d for d in spec_decoders() if not DECODERS[d].loop
+                 and (head_of(d) is None or os.path.isfile(head_file(checkpoint, head_of(d)))))
 
 
 def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, branches=(1,)) -> list[Method]:
     """--checkpoints=LABEL=DIR,... or, without it, every --decoders from --checkpoint; D-Loop
     methods once per branch count in `branches`."""
     if not checkpoints:
-        bad = [d for d in decoders if d not in SPEC_DECODERS]
+        bad = [d for d in decoders if d not in spec_decoders()]
         if bad:
-            raise InputError(f"unknown decoders {bad}; choose from {', '.join(SPEC_DECODERS)}")
+            raise InputError(f"unknown decoders {bad}; choose from {', '.join(spec_decoders())}")
         return with_branches([Method(d, d, checkpoint) for d in decoders], branches)
     methods = []
     for item in checkpoints:
@@ -79,9 +79,9 @@ def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, bran
         decoder = label.split(".", 1)[0]
         if not eq or not path:
             raise InputError(f"--checkpoints item {item!r}: expected LABEL=DIR")
-        if decoder not in SPEC_DECODERS:
+        if decoder not in spec_decoders():
             raise InputError(f"--checkpoints label {label!r}: {decoder!r} is not a decoder; choose from "
-                             f"{', '.join(SPEC_DECODERS)} (optionally with .variant)")
+                             f"{', '.join(spec_decoders())} (optionally with .variant)")
         if not os.path.isdir(path):
             raise InputError(f"--checkpoints {label}: directory {path!r} does not exist")
         methods.append(Method(label, decoder, path))
@@ -184,7 +184,8 @@ def tau_of(stats) -> float:
 def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s: EvalSettings, stop_ids, pad: int,
             ds: str, check_lossless: bool) -> tuple[dict, dict | None]:
     """One method's row on one dataset (with its time split, losslessness and candidate mode where
-    asked), and its tau at each count of the iteration sweep (XPress only; None otherwise)."""
+    asked), and its tau at each count of the iteration sweep (decoders that iterate a Jacobi head
+    without D-Loop's branches; None otherwise)."""
     loop = DECODERS[m.decoder].loop
     tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, s, stop_ids, pad, f"{ds}/{m.label}", m.branches)
     r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], s.decode().drafted(spec.drafter.cfg.block_size),
@@ -205,19 +206,19 @@ def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s
             reference = base_tokens
         r.update(lossless_check(spec.target, prompts, tokens, reference))
     log.info("%s / %s: tau %.3f, %.1f tokens/s, speedup %s", ds, m.label, r["tau"], r["tokens_per_s"], r["speedup"])
-    if m.decoder != "xpress":
+    if loop or "max_iters" not in DECODERS[m.decoder].knobs:
         return r, None
     if s.candidate_k > 0 and s.temperature == 0 and s.top_k == 0:  # candidate mode against the exact refiner
         r["candidate"] = candidate_mode_agreement(spec, list(zip(prompts, base_tokens)), s.decode(),
                                                   top_k=s.candidate_k)
         in_candidate_mode = dataclasses.replace(s, top_k=s.candidate_k)
-        _, stats_k, _ = run_decoder(spec, prompts, "xpress", in_candidate_mode, stop_ids, pad,
+        _, stats_k, _ = run_decoder(spec, prompts, m.decoder, in_candidate_mode, stop_ids, pad,
                                     f"{ds}/{m.label} top-{s.candidate_k}")
         r["candidate"].update(tau=tau_of(stats_k), tau_exact=r["tau"])
     sweep = {}
     for iterations in s.iteration_sweep:
         at = dataclasses.replace(s, max_iters=int(iterations))
-        _, stats_i, _ = run_decoder(spec, prompts, "xpress", at, stop_ids, pad, f"{ds}/{m.label} {iterations} it.")
+        _, stats_i, _ = run_decoder(spec, prompts, m.decoder, at, stop_ids, pad, f"{ds}/{m.label} {iterations} it.")
         sweep[str(iterations)] = tau_of(stats_i)
     return r, sweep or None
 

@@ -12,7 +12,7 @@ from xpress_jax.decoding.settings import DecodeSettings
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     datasets: tuple[str, ...]
-    decoders: tuple[str, ...]  # methods measured from one --checkpoint (methods.SPEC_DECODERS)
+    decoders: tuple[str, ...]  # methods measured from one --checkpoint (methods.spec_decoders())
     num_prompts: int
     max_new_tokens: int
     temperature: float

@@ -16,7 +16,7 @@ from flax import nnx
 from xpress_jax import sharding
 from xpress_jax.config import MASK_FROM_TOKENIZER, dtype, set_on_command_line
 from xpress_jax.errors import CheckpointError, ConfigError
-from xpress_jax.methods import HEAD_OF, HEADS, head_kwargs
+from xpress_jax.methods import head_of, HEADS, head_kwargs
 from xpress_jax.models.drafter import QWEN3_MASK_TOKEN_ID, DFlashDrafter, DrafterConfig
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
 
@@ -166,9 +166,9 @@ def build_drafter(config, target: Qwen3, checkpoint: str = "", dtypes: dict | No
 
 
 def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str = "", dtypes: dict | None = None):
-    """The head `decoder` needs (methods.HEAD_OF), from `checkpoint/heads/NAME.safetensors`, or
+    """The head `decoder` needs (methods.head_of), from `checkpoint/heads/NAME.safetensors`, or
     freshly initialised; None for decoders without one."""
-    name = HEAD_OF[decoder]
+    name = head_of(decoder)
     if name is None:
         return None
     if checkpoint:

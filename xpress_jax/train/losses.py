@@ -8,6 +8,9 @@ anchors can be accumulated and normalised once.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -76,3 +79,43 @@ def simulated_acceptance(correct: jax.Array, mask: jax.Array) -> tuple[jax.Array
     run = jnp.cumprod((correct & mask).astype(jnp.int32), axis=-1).sum(-1)
     blocks = mask[..., 0]
     return jnp.sum((run + 1) * blocks), jnp.sum(blocks)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadBatch:
+    """What a causal head's loss sees: the anchor blocks flattened to rows (batch x blocks)."""
+
+    s: jax.Array  # [rows, n, vocab] the drafter's logits s_k
+    h: jax.Array  # [rows, n, hidden] its hidden states h_k
+    labels: jax.Array  # [rows, n] x*_k
+    prev: jax.Array  # [rows, n] x_{k-1}: the anchor, then the labels
+    target_probs: jax.Array | None  # [rows, n, vocab] p^t_k (None when no TV term is asked for)
+    weights: jax.Array  # [rows, n] w_k times the label mask
+    label_mask: jax.Array  # [rows, n]
+    embed: Callable  # the target's token embedding
+    tv: float  # weight of TV next to CE
+
+    def ce_tv(self, logits):
+        """L(p) for these rows: (sum_k w_k [CE + tv TV], sum_k w_k)."""
+        return ce_tv_terms(logits, self.labels, self.target_probs, self.weights, self.tv)
+
+
+def teacher_forced(term: str):
+    """A head's loss as one term: CE + TV of its teacher-forced logits l_k = head(s, h, x*_{<k})."""
+    def loss(head, b: HeadBatch) -> dict:
+        return {term: b.ce_tv(head(b.s, b.h, b.prev, b.embed))}
+    return loss
+
+
+def xpress_terms(head, b: HeadBatch) -> dict:
+    """XPress's objective, L applied to three distributions: the refiner teacher-forced, the drafter's own
+    logits s (the anchor term that trains p^b), and the refiner fed the drafter's argmax guesses
+    (the consistency term: what Jacobi's first iteration sees); plus its teacher-forced acceptance
+    under guesses as a metric."""
+    guess = jax.lax.stop_gradient(jnp.argmax(b.s, -1).astype(jnp.int32))  # [rows, n]
+    prev_hat = jnp.concatenate([b.prev[:, :1], guess[:, :-1]], axis=1)
+    l_c = head(b.s, b.h, prev_hat, b.embed)  # [rows, n, vocab]
+    return {"xpress_teacher_forced": b.ce_tv(head(b.s, b.h, b.prev, b.embed)),
+            "xpress_anchor": b.ce_tv(b.s),
+            "xpress_consistency": b.ce_tv(l_c),
+            "sim_tau_xpress": simulated_acceptance((jnp.argmax(l_c, -1) == b.labels)[None], b.label_mask[None])}

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from xpress_jax.config import drafter_training
+from xpress_jax.methods import HEADS, head_loss_weights
 from xpress_jax.sharding import constrain
 from xpress_jax.models.drafter import block_inputs
 from xpress_jax.train import losses
@@ -21,35 +21,29 @@ EPS = 1e-6
 LOGITS_AXES = ("batch", None, None, "vocab")  # [batch, C, n, vocab]: per-chunk logits, batch-split
 
 
-_TRAIN = drafter_training()
-_LOSS = _TRAIN["loss"]
-
-
 @dataclasses.dataclass(frozen=True)
 class LossSettings:
-    """`train.loss` with the anchor fields of `train`; defaults are the config's (`drafter_training`)."""
-    gamma: float = _LOSS["gamma"]
-    num_anchors: int = _TRAIN["num_anchors"]
-    anchor_chunk: int = _TRAIN["anchor_chunk"]
-    dflash_ce: float = _LOSS["dflash_ce"]
-    tv: float = _LOSS["tv"]  # weight of TV next to CE in XPress / head losses
-    xpress_teacher_forced: float = _LOSS["xpress_teacher_forced"]
-    xpress_anchor: float = _LOSS["xpress_anchor"]
-    xpress_consistency: float = _LOSS["xpress_consistency"]
-    markov: float = _LOSS["markov"]
-    gru: float = _LOSS["gru"]
-    dloop: float = _LOSS["dloop"]  # > 0: D-Loop's complementary objective replaces the DFlash CE
-    dloop_beta: float = _LOSS["dloop_beta"]
-    dloop_tau_s: float = _LOSS["dloop_tau_s"]
-    dflash_ce_with_xpress: bool = _LOSS["dflash_ce_with_xpress"]
-    remat: bool = _TRAIN["remat"]
-    layer_remat: str = _TRAIN["layer_remat"]
+    """What the objective reads of a config's `train` section (`train.loss` and the anchors)."""
+    gamma: float
+    num_anchors: int
+    anchor_chunk: int
+    dflash_ce: float
+    tv: float  # weight of TV next to CE in the heads' losses
+    dloop: float  # > 0: D-Loop's complementary objective replaces the DFlash CE
+    dloop_beta: float
+    dloop_tau_s: float
+    dflash_ce_with_heads: bool
+    remat: bool
+    layer_remat: str
+    head_weights: tuple[tuple[str, float], ...]  # (loss term, weight) of every registered head
 
     @classmethod
     def from_config(cls, train) -> "LossSettings":
-        """From a config's `train` section."""
+        loss = dict(train.loss)
+        terms = head_loss_weights()
         return cls(num_anchors=train.num_anchors, anchor_chunk=train.anchor_chunk, remat=train.remat,
-                   layer_remat=train.layer_remat, **train.loss.to_dict())
+                   layer_remat=train.layer_remat, head_weights=tuple((k, loss.pop(k)) for k in terms if k in loss),
+                   **loss)
 
 
 def _chunk(x, n_chunks):
@@ -129,25 +123,14 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
                 h_t = jnp.take_along_axis(final_h[:, None], pos[..., None], axis=2)  # [b, C, n, H]
                 p_t = jax.nn.softmax(target.logits(h_t.reshape(batch, c * n, -1)), -1).reshape(s_logits.shape)
                 p_t = constrain(jax.lax.stop_gradient(p_t), LOGITS_AXES)
-            flat = lambda x: x.reshape((batch * c,) + x.shape[2:])  # noqa: E731  heads take [batch, n, ...]
-            s_f, h_f, labels_f = flat(s_logits), flat(h), flat(b.labels)
-            p_f = None if p_t is None else flat(p_t)
-            w_f = flat(weights)
-            prev_gt = jnp.concatenate([flat(b.anchor_tokens[..., None]), labels_f[:, :-1]], axis=1)  # x_{k-1}
+            flat = lambda x: x.reshape((batch * c,) + x.shape[2:])  # noqa: E731  heads take [rows, n, ...]
+            labels_f = flat(b.labels)
+            head_batch = losses.HeadBatch(
+                s=flat(s_logits), h=flat(h), labels=labels_f, target_probs=None if p_t is None else flat(p_t),
+                prev=jnp.concatenate([flat(b.anchor_tokens[..., None]), labels_f[:, :-1]], axis=1),  # x_{k-1}
+                weights=flat(weights), label_mask=flat(b.label_mask), embed=target.embed, tv=s.tv)
             for name in heads:
-                head = getattr(model, name)
-                l_tf = head(s_f, h_f, prev_gt, target.embed)
-                if name == "xpress":
-                    sums["xpress_teacher_forced"] = losses.ce_tv_terms(l_tf, labels_f, p_f, w_f, s.tv)
-                    sums["xpress_anchor"] = losses.ce_tv_terms(s_f, labels_f, p_f, w_f, s.tv)
-                    guess = jax.lax.stop_gradient(jnp.argmax(s_f, -1).astype(jnp.int32))
-                    prev_hat = jnp.concatenate([prev_gt[:, :1], guess[:, :-1]], axis=1)
-                    l_c = head(s_f, h_f, prev_hat, target.embed)
-                    sums["xpress_consistency"] = losses.ce_tv_terms(l_c, labels_f, p_f, w_f, s.tv)
-                    sums["sim_tau_xpress"] = losses.simulated_acceptance(
-                        (jnp.argmax(l_c, -1) == labels_f)[None], flat(b.label_mask)[None])
-                else:
-                    sums[name] = losses.ce_tv_terms(l_tf, labels_f, p_f, w_f, s.tv)
+                sums.update(HEADS[name].loss_terms(getattr(model, name), head_batch))
         return sums
 
     body = jax.checkpoint(chunk_loss) if s.remat else chunk_loss
@@ -160,11 +143,9 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
     # losses normalise as D-Loop's eq. 8 (+ eps); metrics by their plain counts
     terms = {k: num / (den + EPS) if not k.startswith("sim_tau") else num / jnp.maximum(den, 1.0)
              for k, (num, den) in totals.items() if k != "acc_pos"}
-    weights = {"dflash_ce": s.dflash_ce, "dloop": s.dloop, "xpress_teacher_forced": s.xpress_teacher_forced,
-               "xpress_anchor": s.xpress_anchor, "xpress_consistency": s.xpress_consistency,
-               "markov": s.markov, "gru": s.gru}
-    if "xpress" in heads and not s.dflash_ce_with_xpress:
-        weights["dflash_ce"] = 0.0  # logged, not added: the xpress_anchor term already trains p^b
+    weights = {"dflash_ce": s.dflash_ce, "dloop": s.dloop, **dict(s.head_weights)}
+    if any(HEADS[name].trains_drafter_logits for name in heads) and not s.dflash_ce_with_heads:
+        weights["dflash_ce"] = 0.0  # logged, not added: that head's drafter-anchor term already trains p^b
     total = sum(weights[k] * v for k, v in terms.items() if k in weights)
     metrics = {f"loss/{k}": v for k, v in terms.items() if k in weights}
     metrics.update({k: v for k, v in terms.items() if k.startswith("sim_tau")})

@@ -19,7 +19,7 @@ from xpress_jax.config import dtype
 from xpress_jax.decoding.padding import PROMPT_BUCKET
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels
-from xpress_jax.methods import DECODERS, HEAD_OF
+from xpress_jax.methods import DECODERS, head_of
 from xpress_jax.models.build import build_target, drafter_config, new_drafter, new_head
 
 cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
@@ -40,7 +40,7 @@ report = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "cpu_count"
                      "batch": 1},
           "seconds": {}}
 for decoder in sys.argv[1:] or ("target", "dflash", "xpress"):
-    head_name = HEAD_OF[decoder]
+    head_name = head_of(decoder)
     head = nnx.eval_shape(lambda: new_head(head_name, config, dcfg, dtypes=dtypes)) if head_name else None
     models = SpecModels(target, drafter if DECODERS[decoder].drafter else None, head)
     report["seconds"][decoder] = loop_compile_seconds(models, decoder, DecodeSettings(), batch=1,
