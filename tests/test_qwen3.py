@@ -202,3 +202,23 @@ def test_a_scanned_layer_stack_compiles_one_layer_body():
 
     assert dots(12, scan=True) == dots(2, scan=True) > 0
     assert dots(12, scan=False) > 3 * dots(2, scan=False)
+
+
+def test_both_row_orders_attend_alike_and_the_cache_writes_in_its_own():
+    """Attention over rows in either order gives the same outputs; KVCache.write places each
+    sequence's new keys in the rows its order assigns, at that sequence's offset."""
+    from xpress_jax.models.layers import BATCH_MAJOR, HEADS_MAJOR
+    from xpress_jax.models.qwen3 import KVCache
+    rng = np.random.default_rng(0)
+    batch, seq, heads, kv_heads, head_dim = 3, 5, 4, 2, 8
+    q = jnp.asarray(rng.normal(size=(batch, seq, heads, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(batch, seq, kv_heads, head_dim)), jnp.float32) for _ in range(2))
+    mask = jnp.asarray(rng.random((batch, seq, seq)) < 0.7).at[:, :, 0].set(True)
+    outs = [order.attend(q, order.rows(k), order.rows(v), mask) for order in (BATCH_MAJOR, HEADS_MAJOR)]
+    np.testing.assert_allclose(np.asarray(outs[0]), np.asarray(outs[1]), atol=1e-6)
+    offsets = jnp.array([0, 2, 1])
+    buf = KVCache.write(jnp.zeros((batch * kv_heads, 8, head_dim)), k, offsets)
+    rows = KVCache.ORDER.rows(k)  # [rows, seq, head_dim]
+    for r, o in enumerate(np.asarray(KVCache.ORDER.per_row(offsets, kv_heads))):
+        np.testing.assert_array_equal(np.asarray(buf[r, o:o + seq]), np.asarray(rows[r]))
+    assert KVCache.ORDER is HEADS_MAJOR

@@ -80,3 +80,23 @@ def test_activations_split_over_the_batch_so_memory_and_flops_fall_with_devices(
     assert not logits_reduce, logits_reduce[:2]  # no device holds [global batch, T, vocab] logits
     unconstrained_temp8, unconstrained_flops8, _, _ = _target_forward(8, constrained=False)
     assert unconstrained_flops8 > 1.5 * flops8 and unconstrained_temp8 > 4 * temp8  # what the constraints prevent
+
+
+def test_the_cache_row_rule_splits_whole_kv_heads_in_the_caches_order():
+    """The logical rule for the cache's merged rows agrees with the rule of the factor its order
+    puts first, and placing a cache by KVCache.AXES on a tensor split gives each device the rows of
+    whole KV heads (every sequence of them); the same rule over batch-first rows would mix heads."""
+    from xpress_jax.models.layers import BATCH_MAJOR, HEADS_MAJOR
+    from xpress_jax.models.qwen3 import KVCache
+    for order in (BATCH_MAJOR, HEADS_MAJOR):
+        assert sharding.DEFAULT_RULES[order.axis] == sharding.DEFAULT_RULES[order.major], order
+    assert KVCache.AXES[0] == KVCache.ORDER.axis
+    mesh = sharding.make_mesh((1, 1, 4), jax.devices()[:4])
+    batch, kv_heads, slots, head_dim = 3, 4, 5, 2
+    x = jnp.broadcast_to(jnp.arange(kv_heads, dtype=jnp.float32)[None, None, :, None],
+                         (batch, slots, kv_heads, head_dim))  # every value is its KV head's index
+    for order, whole_heads in ((KVCache.ORDER, True), (BATCH_MAJOR, False)):
+        rows = jax.device_put(order.rows(x), sharding.named_sharding(KVCache.AXES, (batch * kv_heads, slots, head_dim),
+                                                                     mesh))
+        heads_per_device = [set(np.unique(np.asarray(s.data)).tolist()) for s in rows.addressable_shards]
+        assert all(len(h) == 1 for h in heads_per_device) is whole_heads, (order, heads_per_device)

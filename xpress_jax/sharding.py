@@ -27,7 +27,8 @@ DEFAULT_RULES: dict[str, tuple[str, ...]] = {
     "embed": ("fsdp",),
     "heads": ("tensor",),
     "kv_heads": ("tensor",),
-    # a KV cache's leading [kv_heads * batch] axis (head-major): split by KV head, as the queries are
+    # a KV cache's leading [kv_heads * batch] axis (`qwen3.KVCache.ORDER`, heads first): split as
+    # kv_heads, as the queries are (tests/test_sharding.py checks the two rules agree)
     "kv_rows": ("tensor",),
     "mlp": ("tensor",),
     "head_dim": (),

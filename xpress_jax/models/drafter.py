@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xpress_jax.errors import ConfigError
-from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_ROWS, RMSNorm, attend, kv_rows, layer_stack, map_layers,
+from xpress_jax.models.layers import (ACTIVATION_AXES, RMSNorm, layer_stack, map_layers,
                                       param, scan_layers)
-from xpress_jax.models.qwen3 import KVCache, Qwen3Config, write_kv
+from xpress_jax.models.qwen3 import KVCache, Qwen3Config
 from xpress_jax.sharding import constrain
 
 # the published DFlash drafters' layout (reference §3): what a config or a config.json leaves unsaid
@@ -152,8 +152,8 @@ class DFlashDrafter(nnx.Module):
         kv = self.context_kv(self.fuse(taps), positions)
         if not isinstance(kv, list):
             kv = [(kv[0][i], kv[1][i]) for i in range(kv[0].shape[0])]
-        k = tuple(write_kv(c, k_new, cache.lengths) for c, (k_new, _) in zip(cache.k, kv))
-        v = tuple(write_kv(c, v_new, cache.lengths) for c, (_, v_new) in zip(cache.v, kv))
+        k = tuple(cache.write(c, k_new, cache.lengths) for c, (k_new, _) in zip(cache.k, kv))
+        v = tuple(cache.write(c, v_new, cache.lengths) for c, (_, v_new) in zip(cache.v, kv))
         added = jnp.full_like(cache.lengths, t) if num_new is None else num_new.astype(jnp.int32)
         return ContextCache(k=k, v=v, lengths=cache.lengths + added)
 
@@ -176,9 +176,9 @@ class DFlashDrafter(nnx.Module):
 
         def context_then_block(q, k_blk, v_blk, carry, ctx, i):
             # [kv_heads * batch, max_len + K*B, head_dim]: the context slots, then the block's own
-            k = jnp.concatenate([ctx[0].astype(k_blk.dtype), kv_rows(k_blk, CACHE_ROWS)], axis=1)
-            v = jnp.concatenate([ctx[1].astype(v_blk.dtype), kv_rows(v_blk, CACHE_ROWS)], axis=1)
-            return attend(q, k, v, mask, order=CACHE_ROWS), carry
+            k = jnp.concatenate([ctx[0].astype(k_blk.dtype), cache.rows(k_blk)], axis=1)
+            v = jnp.concatenate([ctx[1].astype(v_blk.dtype), cache.rows(v_blk)], axis=1)
+            return cache.attend(q, k, v, mask), carry
 
         x, _, _ = scan_layers(self.layers, block_embeds.astype(self.dtype), positions, context_then_block,
                               per_layer=list(zip(cache.k, cache.v)))

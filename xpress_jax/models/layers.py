@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -22,7 +23,6 @@ ACTIVATION_AXES = ("batch", None, None)  # [batch, seq, hidden]
 # XLA may gather every head to each device and compute attention whole on all of them.
 QUERY_AXES = ("batch", None, "heads", None)  # [batch, seq, heads, head_dim]
 KV_AXES = ("batch", None, "kv_heads", None)  # [batch, seq, kv_heads, head_dim]
-CACHE_AXES = ("kv_rows", None, None)  # [kv_heads * batch, max_len, head_dim] (`kv_rows`, CACHE_ROWS)
 
 # A large negative number rather than -inf: a fully masked row then softmaxes to uniform garbage
 # instead of NaN, and such rows (padding) are never read.
@@ -66,65 +66,75 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
-# The two orders of the [kv_heads x batch] row axis that `attend` reads. A mesh can split only the
-# major factor of a merged axis, so each pass takes the order of what its mesh splits: passes
-# without a cache (training, pretraining) the batch, over data and fsdp; the KV caches their heads,
-# as the queries are split when a tensor-split target decodes (at any batch).
-BATCH_MAJOR, HEADS_MAJOR = "batch_major", "heads_major"
-CACHE_ROWS = HEADS_MAJOR
+@dataclasses.dataclass(frozen=True)
+class RowOrder:
+    """One order of the merged [kv_heads x batch] row axis that attention reads: keys and values as
+    [batch * kv_heads, seq, head_dim], one row of slots per sequence and KV head.
 
-
-def kv_rows(x: jax.Array, order: str = BATCH_MAJOR) -> jax.Array:
-    """[batch, seq, kv_heads, head_dim] (what the projections give) -> [batch * kv_heads, seq, head_dim]
-    (what `attend` reads and the KV caches hold: one row of slots per sequence and KV head), row
-    b * kv_heads + h in BATCH_MAJOR order, h * batch + b in HEADS_MAJOR."""
-    batch, seq, kv_heads, head_dim = x.shape
-    perm = (0, 2, 1, 3) if order == BATCH_MAJOR else (2, 0, 1, 3)
-    return jnp.transpose(x, perm).reshape(batch * kv_heads, seq, head_dim)
-
-
-def per_row(values: jax.Array, kv_heads: int, order: str = BATCH_MAJOR) -> jax.Array:
-    """Per-sequence values [batch] -> one per row of a `kv_rows` axis in `order` [batch * kv_heads]."""
-    return jnp.repeat(values, kv_heads) if order == BATCH_MAJOR else jnp.tile(values, kv_heads)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, order: str = BATCH_MAJOR) -> jax.Array:
-    """Grouped-query softmax attention under any mask (f32 scores and softmax): XLA's einsums. The
-    long causal passes take a fused kernel where the platform has one (`models/kernels.py`).
-
-    q: [batch, q_len, heads, head_dim]; k, v: [batch * kv_heads, kv_len, head_dim] (`kv_rows` in
-    `order`, the caches' layout); mask: [batch, q_len, kv_len] bool, True where a query may attend.
-    Returns [batch, q_len, heads, head_dim].
-
-    Why this layout:
-    - heads-major, not slots-major: stored slots-major, every step would transpose the whole cache
-      to feed the dots (on CPUs 3x the attention itself at batch 64).
-    - sequences and KV heads as one leading axis (in either order): the dots want a single batch
-      axis, and with a 4-D cache the bitcast between the two makes XLA's CPU compiler duplicate
-      each in-place cache write into two fusions and copy every cache buffer four times per
-      decoding step (1.3-1.5x slower target-only decoding; benchmarks/cpu/cache-copies/).
-    - the queries of a KV group stacked into one [group * q_len] axis, so both dots are plain
-      batched matmuls with the cache as stored. With the group and query axes apart, XLA's CPU
-      layouts move the probabilities and the values through a transpose in every layer of every
-      step (1.23-1.36x slower batch-64 decoding; benchmarks/cpu/attention-layout/).
+    A mesh can split only the major factor of a merged axis, so each pass takes the order of what
+    its mesh splits: passes without a cache (training, pretraining) the batch, over data and fsdp
+    (BATCH_MAJOR); the KV caches their heads, as the queries are split when a tensor-split target
+    decodes, at any batch (HEADS_MAJOR, `qwen3.KVCache.ORDER`). There is no default order: the rows,
+    the per-row values and the attention over them all come from one object.
     """
-    batch, q_len, heads, head_dim = q.shape
-    kv_heads = k.shape[0] // batch
-    batch_major = order == BATCH_MAJOR
-    lead = (batch, kv_heads) if batch_major else (kv_heads, batch)  # the row axis, unmerged
-    group = heads // kv_heads
-    rows = group * q_len
-    # [*lead, group, q_len, head_dim]
-    q = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(((0, 2) if batch_major else (2, 0)) + (3, 1, 4))
-    q = q.reshape(batch * kv_heads, rows, head_dim)  # row = g * q_len + t
-    scores = jnp.einsum("nrd,nsd->nrs", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (head_dim**-0.5)  # [batch * kv_heads, group * q_len, kv_len]
-    row_mask = mask[:, None, None] if batch_major else mask[None, :, None]
-    row_mask = jnp.broadcast_to(row_mask, lead + (group,) + mask.shape[1:])
-    scores = jnp.where(row_mask.reshape(batch * kv_heads, rows, -1), scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("nrs,nsd->nrd", probs, v).reshape(lead + (group, q_len, head_dim))
-    return out.transpose((0, 3, 1, 2, 4) if batch_major else (1, 3, 0, 2, 4)).reshape(batch, q_len, heads, head_dim)
+
+    heads_first: bool
+    major: str  # the logical axis of the major factor ("kv_heads" or "batch")
+    axis: str  # the logical axis of the merged rows (`sharding.DEFAULT_RULES`): split as `major` is
+
+    def rows(self, x: jax.Array) -> jax.Array:
+        """[batch, seq, kv_heads, head_dim] (what the projections give) -> [batch * kv_heads, seq,
+        head_dim]: row h * batch + b heads first, b * kv_heads + h batch first."""
+        batch, seq, kv_heads, head_dim = x.shape
+        perm = (2, 0, 1, 3) if self.heads_first else (0, 2, 1, 3)
+        return jnp.transpose(x, perm).reshape(batch * kv_heads, seq, head_dim)
+
+    def per_row(self, values: jax.Array, kv_heads: int) -> jax.Array:
+        """Per-sequence values [batch] -> one per row [batch * kv_heads]."""
+        return jnp.tile(values, kv_heads) if self.heads_first else jnp.repeat(values, kv_heads)
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """Grouped-query softmax attention under any mask (f32 scores and softmax): XLA's einsums. The
+        long causal passes take a fused kernel where the platform has one (`models/kernels.py`).
+
+        q: [batch, q_len, heads, head_dim]; k, v: [batch * kv_heads, kv_len, head_dim] in this
+        order (`rows`); mask: [batch, q_len, kv_len] bool, True where a query may attend.
+        Returns [batch, q_len, heads, head_dim].
+
+        Why this layout:
+        - heads-major, not slots-major: stored slots-major, every step would transpose the whole
+          cache to feed the dots (on CPUs 3x the attention itself at batch 64).
+        - sequences and KV heads as one leading axis (in either order): the dots want a single
+          batch axis, and with a 4-D cache the bitcast between the two makes XLA's CPU compiler
+          duplicate each in-place cache write into two fusions and copy every cache buffer four
+          times per decoding step (1.3-1.5x slower target-only decoding; benchmarks/cpu/cache-copies/).
+        - the queries of a KV group stacked into one [group * q_len] axis, so both dots are plain
+          batched matmuls with the cache as stored. With the group and query axes apart, XLA's CPU
+          layouts move the probabilities and the values through a transpose in every layer of
+          every step (1.23-1.36x slower batch-64 decoding; benchmarks/cpu/attention-layout/).
+        """
+        batch, q_len, heads, head_dim = q.shape
+        kv_heads = k.shape[0] // batch
+        lead = (kv_heads, batch) if self.heads_first else (batch, kv_heads)  # the row axis, unmerged
+        group = heads // kv_heads
+        rows = group * q_len
+        # [*lead, group, q_len, head_dim]
+        q = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(
+            ((2, 0) if self.heads_first else (0, 2)) + (3, 1, 4))
+        q = q.reshape(batch * kv_heads, rows, head_dim)  # row = g * q_len + t
+        scores = jnp.einsum("nrd,nsd->nrs", q, k, preferred_element_type=jnp.float32)
+        scores = scores * (head_dim**-0.5)  # [batch * kv_heads, group * q_len, kv_len]
+        row_mask = mask[None, :, None] if self.heads_first else mask[:, None, None]
+        row_mask = jnp.broadcast_to(row_mask, lead + (group,) + mask.shape[1:])
+        scores = jnp.where(row_mask.reshape(batch * kv_heads, rows, -1), scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("nrs,nsd->nrd", probs, v).reshape(lead + (group, q_len, head_dim))
+        return out.transpose((1, 3, 0, 2, 4) if self.heads_first else (0, 3, 1, 2, 4)).reshape(
+            batch, q_len, heads, head_dim)
+
+
+BATCH_MAJOR = RowOrder(heads_first=False, major="batch", axis="batch")
+HEADS_MAJOR = RowOrder(heads_first=True, major="kv_heads", axis="kv_rows")
 
 
 class Attention(nnx.Module):

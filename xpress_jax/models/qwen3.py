@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +17,8 @@ from flax import nnx, struct
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
 from xpress_jax.models.kernels import EINSUM, causal_attention, choose_kernel
-from xpress_jax.models.layers import (ACTIVATION_AXES, CACHE_AXES, CACHE_ROWS, RMSNorm, attend, is_scanned, kv_rows,
-                                      layer_stack, param, per_row, scan_layers)
+from xpress_jax.models.layers import (ACTIVATION_AXES, BATCH_MAJOR, HEADS_MAJOR, RMSNorm, RowOrder, is_scanned,
+                                      layer_stack, param, scan_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +100,13 @@ class KVCache:
     masked and later writes overwrite them.
     """
 
-    k: tuple[jax.Array, ...]  # per layer [kv_heads * batch, max_len, head_dim] (`layers.kv_rows`, CACHE_ROWS)
+    k: tuple[jax.Array, ...]  # per layer [kv_heads * batch, max_len, head_dim], rows in ORDER
     v: tuple[jax.Array, ...]
     lengths: jax.Array  # [batch] int32: committed tokens per sequence
+
+    # Heads first: a tensor-split target splits its cache rows by KV head, as its queries.
+    ORDER: ClassVar[RowOrder] = HEADS_MAJOR
+    AXES: ClassVar[tuple] = (ORDER.axis, None, None)  # [kv_heads * batch, max_len, head_dim]
 
     @classmethod
     def init(cls, cfg, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
@@ -127,10 +131,30 @@ class KVCache:
 
         def move(rows):  # [kv_heads * batch, max_len, head_dim]; each row moves by its sequence's offsets
             kv_heads = rows.shape[0] // start.shape[0]
-            row_src, row_start = per_row(src, kv_heads, CACHE_ROWS), per_row(start, kv_heads, CACHE_ROWS)
+            row_src, row_start = self.ORDER.per_row(src, kv_heads), self.ORDER.per_row(start, kv_heads)
             chosen = jax.vmap(lambda row, o: jax.lax.dynamic_slice_in_dim(row, o, width, axis=0))(rows, row_src)
             return write_at(rows, chosen, row_start, axis=1)
         return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
+
+    @classmethod
+    def rows(cls, x: jax.Array) -> jax.Array:
+        """New keys or values [batch, t, kv_heads, head_dim] as rows in the cache's order."""
+        return cls.ORDER.rows(x)
+
+    @classmethod
+    def write(cls, layer: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
+        """One layer's buffer [kv_heads * batch, max_len, head_dim] with `new` [batch, t, kv_heads,
+        head_dim] (the projections' layout) written at slots offsets..offsets+t-1 of each sequence
+        [batch]. Written row by row in the cache's own layout: through a 4-D view of it, XLA's CPU
+        compiler copied the whole buffer whenever a step wrote it twice (D-Loop's branch move at
+        batch 1)."""
+        kv_heads = new.shape[2]
+        return write_at(layer, cls.rows(new), cls.ORDER.per_row(offsets, kv_heads), axis=1)
+
+    @classmethod
+    def attend(cls, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """Attention over keys and values held in the cache's order (`RowOrder.attend`)."""
+        return cls.ORDER.attend(q, k, v, mask)
 
 
 def write_at(buffer: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 1) -> jax.Array:
@@ -138,15 +162,6 @@ def write_at(buffer: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 
     def one(b, n, o):
         return jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), o, axis=axis - 1)
     return jax.vmap(one)(buffer, new, offsets)
-
-
-def write_kv(cache: jax.Array, new: jax.Array, offsets: jax.Array) -> jax.Array:
-    """cache: [kv_heads * batch, max_len, head_dim]; new: [batch, t, kv_heads, head_dim] (the
-    projections' layout), written at slots offsets..offsets+t-1 of each sequence. Written row by
-    row in the cache's own layout: through a 4-D view of it, XLA's CPU compiler copied the whole
-    buffer whenever a step wrote it twice (D-Loop's branch move at batch 1)."""
-    kv_heads = new.shape[2]
-    return write_at(cache, kv_rows(new, CACHE_ROWS), per_row(offsets, kv_heads, CACHE_ROWS), axis=1)
 
 
 def _cache_mask(lengths: jax.Array, max_len: int, seq: int, block_mask: jax.Array | None) -> jax.Array:
@@ -258,11 +273,12 @@ class Qwen3(nnx.Module):
             # a fused kernel reads this pass's own keys: without a cache, or in a prefill (empty cache)
             fused = None if attention == EINSUM else causal_attention(q, k, v, attention)
             if cache is None:
-                return (attend(q, kv_rows(k), kv_rows(v), mask) if fused is None else fused), written
+                return (BATCH_MAJOR.attend(q, BATCH_MAJOR.rows(k), BATCH_MAJOR.rows(v), mask)
+                        if fused is None else fused), written
             # k, v: [kv_heads * batch, max_len, head_dim] after the write; the written buffers accumulate
-            k, v = write_kv(cache.k[i], k, cache.lengths), write_kv(cache.v[i], v, cache.lengths)
-            k, v = constrain(k, CACHE_AXES), constrain(v, CACHE_AXES)  # the target's cache split with its KV heads
-            return (attend(q, k, v, mask, CACHE_ROWS) if fused is None else fused), written + ((k, v),)
+            k, v = KVCache.write(cache.k[i], k, cache.lengths), KVCache.write(cache.v[i], v, cache.lengths)
+            k, v = constrain(k, KVCache.AXES), constrain(v, KVCache.AXES)  # split with the target's KV heads
+            return (KVCache.attend(q, k, v, mask) if fused is None else fused), written + ((k, v),)
 
         last = num_layers - 1  # its tap is read after the final norm, as HF reports it
         # one tap row per distinct layer: DFlash's spacing repeats the layers of a shallow target
