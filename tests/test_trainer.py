@@ -347,7 +347,7 @@ def test_a_checkpoint_brings_its_own_shapes_and_only_a_command_line_override_may
     export = str(tmp_path / "a" / "export")
     config = train_config(tmp_path / "b", **common, **{"drafter.num_layers": "2", "train.init_from": export})
     with pytest.raises(ConfigError, match=r"--config.drafter.num_layers=2 but .*config.json has num_layers=1"):
-        train(config)
+        train(config, overridden=frozenset({"drafter.num_layers"}))  # as `cli.config_overrides` reports it
     # the config file's defaults (2 drafter layers, heads of rank 32) give way to the checkpoint's
     unset = {k: v for k, v in TINY_OVERRIDES.items() if k not in ("drafter.num_layers", "heads.rank")}
     config = with_overrides(DEFAULT_CONFIG, **unset, **common, **{
@@ -358,8 +358,9 @@ def test_a_checkpoint_brings_its_own_shapes_and_only_a_command_line_override_may
     drafter = build_drafter(config, target, export)
     assert build_head("xpress", config, drafter.cfg, export).W_e[...].shape == (300, 16)
     config = with_overrides(DEFAULT_CONFIG, **unset, **{"heads.rank": "8"})
+    assert build_head("xpress", config, drafter.cfg, export).W_e[...].shape == (300, 16)  # not from the command line
     with pytest.raises(ConfigError, match=r"--config.heads.rank=8 but .*xpress.config.json has rank=16"):
-        build_head("xpress", config, drafter.cfg, export)
+        build_head("xpress", config, drafter.cfg, export, overridden=frozenset({"heads.rank"}))
 
 
 def test_the_train_steps_memory_per_device_falls_with_devices(tmp_path):

@@ -206,3 +206,17 @@ def test_bad_data_or_checkpoints_leave_no_run_directory(tmp_path):
     assert r.returncode == 2 and "train.batch_size=4 does not split over fsdp=8" in r.stderr and not out.exists()
     r = invoke("xpress_jax.eval", f"--checkpoints=dflash={tmp_path}", f"--out={tmp_path / 'eval' / 'x'}")
     assert r.returncode == 2 and "no config.json" in r.stderr and not (tmp_path / "eval").exists()
+
+
+def test_the_command_line_overrides_are_read_from_that_command_lines_flags():
+    """Each command line's own `--config.a.b` keys, from its parsed flags; nothing is kept between
+    command lines (a second parse in one process sees only its own)."""
+    from absl import flags
+    from xpress_jax import cli
+    seen = []
+    for argv in (["x", "--config.heads.rank=8", "--config.eval.num_prompts=3"], ["x", "--config.seed=2"], ["x"]):
+        flag_values = flags.FlagValues()
+        cli.define_config_flag(flag_values, argv)
+        flag_values(argv)
+        seen.append(cli.config_overrides(flag_values))
+    assert seen == [{"heads.rank", "eval.num_prompts"}, {"seed"}, frozenset()]

@@ -20,7 +20,6 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from xpress_jax.config import COMMAND_LINE_KEYS
 from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError, XpressError
 
@@ -98,13 +97,19 @@ def define_config_flag(flag_values: flags.FlagValues, argv: list[str], default: 
     flag errors (`run` prints them as one line)."""
     path, keys = _config_args(argv, default)
     _check_keys(load_config(path), keys)
-    COMMAND_LINE_KEYS.clear()
-    COMMAND_LINE_KEYS.update(keys)
     try:
         config_flags.DEFINE_config_file("config", default, CONFIG_HELP, flag_values=flag_values, sys_argv=argv,
                                         lock_config=True)
     except Exception as e:  # noqa: BLE001 - whatever config_flags raises becomes one line
         raise ConfigError(f"--config: {e}") from None
+
+
+def config_overrides(flag_values: flags.FlagValues) -> frozenset[str]:
+    """The dotted config keys this command line set (`--config.a.b=V`), once flags are parsed.
+    Where a checkpoint records a value of its own (a head's rank, the drafter's target layers),
+    the checkpoint's wins unless one of these asked for another (`models.build.checkpoint_values`)."""
+    return frozenset(name.removeprefix("config.") for name in flag_values
+                     if name.startswith("config.") and flag_values[name].present)
 
 
 def config_file(flag_values: flags.FlagValues) -> str:

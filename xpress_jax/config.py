@@ -14,16 +14,6 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 LOSSLESS_REFERENCES = ("auto", "target_only", "verify_pass")  # eval.lossless_reference
 
 
-# the dotted config keys the current command line set (`--config.a.b=V`), kept by cli: where a
-# checkpoint records a value of its own (a head's rank, the drafter's target layers), the
-# checkpoint's wins unless the user asked for another here
-COMMAND_LINE_KEYS: set[str] = set()
-
-
-def set_on_command_line(key: str) -> bool:
-    return key in COMMAND_LINE_KEYS
-
-
 def dtype(name: str):
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")

@@ -23,7 +23,6 @@ import sys
 from absl import flags
 
 from xpress_jax import cli
-from xpress_jax.config import set_on_command_line
 from xpress_jax.config_schema import check_fields
 from xpress_jax.errors import InputError
 from xpress_jax.eval.evaluate import checkpoint_decoders, evaluate, parse_methods
@@ -74,10 +73,11 @@ def main(config):
     s = settings(config)
     cli.log_to_file(os.path.join(s.out_dir, "log.txt"))
     decoders = s.decoders
-    if FLAGS.checkpoint and FLAGS.decoders is None and not set_on_command_line("eval.decoders"):
+    overridden = cli.config_overrides(FLAGS)
+    if FLAGS.checkpoint and FLAGS.decoders is None and "eval.decoders" not in overridden:
         decoders = checkpoint_decoders(FLAGS.checkpoint)  # unless asked otherwise, what the checkpoint holds
     methods = parse_methods(FLAGS.checkpoints, decoders, FLAGS.checkpoint, s.dloop_branches)
-    report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless)
+    report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless, overridden=overridden)
     print(markdown(report["results"]))
     print(f"results: {os.path.join(s.out_dir, 'results.json')}; plots: acceptance.png"
           f"{', tau_vs_iterations.png' if report['iteration_sweep'] else ''}")

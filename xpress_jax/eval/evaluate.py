@@ -128,10 +128,12 @@ def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: i
     return tokens, stats, seconds
 
 
-def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_parallel: int = 1):
+def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_parallel: int = 1,
+                  overridden: frozenset[str] = frozenset()):
     """The target once, each distinct drafter checkpoint once, and each method's head, the drafter
     and heads held and computed in `drafter_dtype`. tensor_parallel > 1: the target split over
-    that many local devices, the drafters and heads replicated on them (decoding/devices.py)."""
+    that many local devices, the drafters and heads replicated on them (decoding/devices.py).
+    `overridden`: the config keys the command line set (a head's recorded sizes win otherwise)."""
     mesh = tensor_mesh(tensor_parallel, target_config(config))  # a bad count is refused before any weight is read
     target = build_target(config, mesh=mesh)  # shard by shard: the split targets are those no device holds whole
     dtypes = {"dtype": dtype(drafter_dtype), "param_dtype": dtype(drafter_dtype)}
@@ -140,7 +142,8 @@ def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_para
     models = {}
     for m in methods:
         drafter = drafters[m.checkpoint]
-        models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint, dtypes))
+        models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint, dtypes,
+                                                                    overridden))
         if mesh is not None:
             place_on_tensor_mesh(models[m.label], mesh)
     return target, models
@@ -233,11 +236,13 @@ def example(config, questions: list[str], max_prompt_tokens: int, answer: list[i
             "target_passes": {label: int(r["per_prompt"]["steps"][0]) for label, r in rows.items() if "per_prompt" in r}}
 
 
-def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: bool = False) -> tuple[dict, int]:
+def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: bool = False,
+             overridden: frozenset[str] = frozenset()) -> tuple[dict, int]:
     """Runs target-only decoding once per dataset and every method against it; writes results.json,
     results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
-    target-only decoding at temperature 0 when check_lossless)."""
-    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel)
+    target-only decoding at temperature 0 when check_lossless). `overridden`: the config keys the
+    command line set (`build_methods`)."""
+    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel, overridden)
     s = dataclasses.replace(s, lossless_reference=lossless_reference(s.lossless_reference, target.dtype))
     os.makedirs(s.out_dir, exist_ok=True)
     questions = {ds: load_questions(ds, s.num_prompts) for ds in s.datasets}

@@ -14,7 +14,7 @@ import ml_collections
 from flax import nnx
 
 from xpress_jax import sharding
-from xpress_jax.config import MASK_FROM_TOKENIZER, dtype, set_on_command_line
+from xpress_jax.config import MASK_FROM_TOKENIZER, dtype
 from xpress_jax.errors import CheckpointError, ConfigError
 from xpress_jax.methods import head_of, HEADS, head_kwargs
 from xpress_jax.models.drafter import QWEN3_MASK_TOKEN_ID, DFlashDrafter, DrafterConfig
@@ -33,25 +33,29 @@ def target_config(config: ml_collections.ConfigDict) -> Qwen3Config:
                                source="config.target.arch")
 
 
-def checkpoint_values(config: ml_collections.ConfigDict, section: str, saved: dict, source: str) -> dict:
+def checkpoint_values(config: ml_collections.ConfigDict, section: str, saved: dict, source: str,
+                      overridden: frozenset[str]) -> dict:
     """The config section's fields with the values a checkpoint records for itself (`saved`): the
-    checkpoint's win, and a value the command line set to something else is an error."""
+    checkpoint's win, and a value the command line set (`overridden`: dotted keys,
+    `cli.config_overrides`) to something else is an error."""
     values = dict(config[section])
     for key, value in saved.items():
         if key not in values:
             continue
         mine = tuple(values[key]) if isinstance(values[key], (tuple, list)) else values[key]
         theirs = tuple(value) if isinstance(value, (tuple, list)) else value
-        if mine != theirs and set_on_command_line(f"{section}.{key}"):
+        if mine != theirs and f"{section}.{key}" in overridden:
             raise ConfigError(f"--config.{section}.{key}={values[key]!r} but {source} has {key}={value!r}; drop the "
                               "override to use the checkpoint's, or train a new one")
         values[key] = value
     return values
 
 
-def drafter_config(config: ml_collections.ConfigDict, target: Qwen3Config | None = None) -> DrafterConfig:
+def drafter_config(config: ml_collections.ConfigDict, target: Qwen3Config | None = None,
+                   overridden: frozenset[str] = frozenset()) -> DrafterConfig:
     """The drafter's shape: the `drafter` section (target layers by DFlash's spacing rule unless
-    listed), or, when training starts from a checkpoint (`train.init_from`), that checkpoint's own."""
+    listed), or, when training starts from a checkpoint (`train.init_from`), that checkpoint's own
+    (`overridden`: the keys the command line set, `checkpoint_values`)."""
     target = target or target_config(config)
     d = dict(config.drafter)
     init_from = config.get("train", {}).get("init_from", "")
@@ -62,7 +66,7 @@ def drafter_config(config: ml_collections.ConfigDict, target: Qwen3Config | None
                                                   "target_layer_ids": saved.target_layer_ids,
                                                   "block_size": saved.block_size,
                                                   "mask_token_id": saved.mask_token_id},
-                              os.path.join(init_from, "config.json"))
+                              os.path.join(init_from, "config.json"), overridden)
     mask = d["mask_token_id"] if d["mask_token_id"] != MASK_FROM_TOKENIZER else mask_token(config, target)
     return DrafterConfig.from_target(target, num_layers=d["num_layers"],
                                      target_layer_ids=tuple(d["target_layer_ids"]) or None,
@@ -140,13 +144,14 @@ def new_head(name: str, config, dcfg: DrafterConfig, sizes: dict | None = None, 
                               **(dtypes or trainable_dtypes(config)))
 
 
-def head_sizes(config, checkpoint: str, name: str) -> dict:
-    """The `heads` section with the sizes the checkpoint's heads/NAME.config.json records."""
+def head_sizes(config, checkpoint: str, name: str, overridden: frozenset[str] = frozenset()) -> dict:
+    """The `heads` section with the sizes the checkpoint's heads/NAME.config.json records
+    (`overridden`: the keys the command line set, `checkpoint_values`)."""
     path = os.path.join(checkpoint, "heads", f"{name}.config.json")
     if not os.path.isfile(path):
         return dict(config.heads)
     with open(path) as f:
-        return checkpoint_values(config, "heads", json.load(f), path)
+        return checkpoint_values(config, "heads", json.load(f), path, overridden)
 
 
 def build_drafter(config, target: Qwen3, checkpoint: str = "", dtypes: dict | None = None) -> DFlashDrafter:
@@ -165,7 +170,8 @@ def build_drafter(config, target: Qwen3, checkpoint: str = "", dtypes: dict | No
     return drafter
 
 
-def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str = "", dtypes: dict | None = None):
+def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str = "", dtypes: dict | None = None,
+               overridden: frozenset[str] = frozenset()):
     """The head `decoder` needs (methods.head_of), from `checkpoint/heads/NAME.safetensors`, or
     freshly initialised; None for decoders without one."""
     name = head_of(decoder)
@@ -173,7 +179,7 @@ def build_head(decoder: str, config, drafter_cfg: DrafterConfig, checkpoint: str
         return None
     if checkpoint:
         from xpress_jax.checkpoints.heads import load_head
-        sizes = head_sizes(config, checkpoint, name)
+        sizes = head_sizes(config, checkpoint, name, overridden)
         return load_head(nnx.eval_shape(lambda: new_head(name, config, drafter_cfg, sizes, dtypes)), checkpoint, name)
     log.info("no checkpoint: freshly initialised %s head", name)
     return new_head(name, config, drafter_cfg, dtypes=dtypes)
@@ -191,16 +197,17 @@ class Trainable(nnx.Module):
         return tuple(n for n in HEADS if getattr(self, n) is not None)
 
 
-def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False) -> Trainable:
+def build_trainable(config, target_cfg: Qwen3Config, *, abstract: bool = False,
+                    overridden: frozenset[str] = frozenset()) -> Trainable:
     """The drafter and the `train.heads` being trained, randomly initialised (train.init_from
     loads trained weights over them later, so they take that checkpoint's shapes); `abstract`:
     shapes only. Its drafter's layers are stacked for training's scan."""
-    dcfg = drafter_config(config, target_cfg)
+    dcfg = drafter_config(config, target_cfg, overridden)
     unknown = [h for h in config.train.heads if h not in HEADS]
     if unknown:
         raise ConfigError(f"unknown heads {unknown} in train.heads; choose from {', '.join(HEADS)}")
     init_from = config.train.init_from  # a head found there keeps the sizes it was trained with
-    sizes = {h: head_sizes(config, init_from, h) if init_from else None for h in config.train.heads}
+    sizes = {h: head_sizes(config, init_from, h, overridden) if init_from else None for h in config.train.heads}
     make = lambda: Trainable(new_drafter(config, dcfg, scan=True),  # noqa: E731
                              {h: new_head(h, config, dcfg, sizes[h]) for h in config.train.heads})
     return nnx.eval_shape(make) if abstract else make()

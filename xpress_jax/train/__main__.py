@@ -40,7 +40,7 @@ def main(config):
         from xpress_jax import atomic
         so_far = (lambda r: atomic.write_json(FLAGS.dry_run_out, {**r, "complete": False})) if FLAGS.dry_run_out \
             else (lambda r: None)  # a run cut short keeps each compile's figures
-        report = dry_run(config, progress=so_far)
+        report = dry_run(config, progress=so_far, overridden=cli.config_overrides(FLAGS))
         if FLAGS.dry_run_out:
             atomic.write_json(FLAGS.dry_run_out, {**report, "complete": True})
         print(json.dumps(report))
@@ -51,7 +51,7 @@ def main(config):
         # heads, vocabulary or widths: refused before any file is written
         refuse_uneven_mesh(config)
     cli.log_to_file(os.path.join(config.train.out_dir, "log.txt"))  # library INFO lines, off the console
-    result = train(config)
+    result = train(config, overridden=cli.config_overrides(FLAGS))
     print(json.dumps({"step": result["step"], **{k: v for k, v in result["metrics"].items()
                                                  if not isinstance(v, list)}}))
 

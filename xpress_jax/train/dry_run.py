@@ -49,19 +49,19 @@ def largest_f32_bytes(hlo_text: str, axis_size: int, except_shape: tuple[int, ..
 FLOPS_COUNTING = {"xla_disable_hlo_passes": "cse"}
 
 
-def compile_step(config, compiler_options: dict | None = None):
+def compile_step(config, compiler_options: dict | None = None, overridden: frozenset[str] = frozenset()):
     """The train step compiled on abstract arrays (no weights, no data): (Setup, compiled, lowered)."""
-    setup = Setup(config, abstract=True)
+    setup = Setup(config, abstract=True, overridden=overridden)
     lowered = setup.step.lower(setup.abstract_state, setup.target_params, setup.abstract_batch())
     return setup, lowered.compile(compiler_options=compiler_options), lowered
 
 
-def fused_attention(config, platform: str) -> list[str]:
+def fused_attention(config, platform: str, overridden: frozenset[str] = frozenset()) -> list[str]:
     """The fused attention kernels (`models.kernels`) in the train step lowered for `platform`, read
     from the lowered program's text: on this backend as it compiles, elsewhere through jax.export
     (a TPU program lowers from any host; cuDNN's kernel lowers only with a GPU present)."""
     with kernels.lowering_for(platform):
-        setup = Setup(config, abstract=True)  # traced anew: jit's trace cache does not key on the platform
+        setup = Setup(config, abstract=True, overridden=overridden)  # traced anew: jit's trace cache does not key on the platform
         args = (setup.abstract_state, setup.target_params, setup.abstract_batch())
         if platform == jax.default_backend():
             text = setup.step.lower(*args).as_text()
@@ -70,7 +70,8 @@ def fused_attention(config, platform: str) -> list[str]:
     return kernels.kernels_in(text)
 
 
-def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), progress=lambda partial: None) -> dict:
+def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), progress=lambda partial: None,
+            overridden: frozenset[str] = frozenset()) -> dict:
     """Compiles the train step on abstract arrays and reports, per device: argument, output,
     temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
     step's model FLOPs (forward of the target, forward and backward of the drafter and heads,
@@ -84,7 +85,7 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), pro
     the fused attention kernels the step's lowered program holds. `progress(report so far)` after
     each compile, so a run cut short keeps what it measured."""
     refuse_uneven_mesh(config)
-    setup, compiled, lowered = compile_step(config)
+    setup, compiled, lowered = compile_step(config, overridden=overridden)
     mem = compiled.memory_analysis()
     gib = lambda b: round(b / 2**30, 3)  # noqa: E731
     devices = int(np.prod(list(setup.mesh.shape.values())))
@@ -109,20 +110,20 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), pro
     progress(report)
     here = jax.default_backend()  # this backend's program is the one just lowered
     report["fused_attention"] = {here: kernels.kernels_in(lowered.as_text()),
-                                 **{p: fused_attention(config, p) for p in platforms if p != here}}
+                                 **{p: fused_attention(config, p, overridden) for p in platforms if p != here}}
     progress(report)
     counted = copy.deepcopy(config)
     with counted.unlocked():
         counted.train.anchor_chunk = config.train.num_anchors
     with unrolled_loops():
-        flops = compiled_flops(compile_step(counted, FLOPS_COUNTING)[1])
+        flops = compiled_flops(compile_step(counted, FLOPS_COUNTING, overridden)[1])
     progress({**report, "flops_per_device": flops})
     if model_flops is None:
         one_device = copy.deepcopy(counted)
         with one_device.unlocked():
             one_device.mesh.shape = (1, 1, 1)
         with unrolled_loops(), sharding.subset_meshes_expected():
-            model_flops = compiled_flops(compile_step(one_device, FLOPS_COUNTING)[1]) if devices > 1 else flops
+            model_flops = compiled_flops(compile_step(one_device, FLOPS_COUNTING, overridden)[1]) if devices > 1 else flops
     report.update(flops_per_device=flops, model_flops=model_flops,
                   flops_ratio=round(flops * devices / model_flops, 3) if flops and model_flops else None)
     return report

@@ -50,8 +50,9 @@ def resume_changes(config, out_dir: str) -> list[str]:
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in keys]
 
 
-def train(config, *, stop_after: int | None = None) -> dict:
-    """Trains until train.steps (or `stop_after` steps in this call); resumes from the latest checkpoint."""
+def train(config, *, stop_after: int | None = None, overridden: frozenset[str] = frozenset()) -> dict:
+    """Trains until train.steps (or `stop_after` steps in this call); resumes from the latest
+    checkpoint. `overridden`: the config keys the command line set (`Setup`)."""
     from xpress_jax.data.byte_tokenizer import pad_id, tokenizer_for
     from xpress_jax.data.dataset import make_dataset, read_records
 
@@ -65,7 +66,7 @@ def train(config, *, stop_after: int | None = None) -> dict:
     maybe_initialize_distributed(config)
     refuse_uneven_mesh(config)
     records = read_records(list(config.data.train_files))
-    setup = Setup(config, abstract=False, num_records=len(records))
+    setup = Setup(config, abstract=False, num_records=len(records), overridden=overridden)
     tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, setup.drafter_cfg.vocab_size)
     pad = pad_id(tokenizer)
     t = config.train

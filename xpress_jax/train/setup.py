@@ -64,11 +64,14 @@ def total_steps(config, num_records: int | None) -> int:
 class Setup:
     """Everything the loop needs, built once (shared by train and dry_run)."""
 
-    def __init__(self, config, *, abstract: bool, num_records: int | None = None):
+    def __init__(self, config, *, abstract: bool, num_records: int | None = None,
+                 overridden: frozenset[str] = frozenset()):
+        """`overridden`: the config keys the command line set (`cli.config_overrides`); a value a
+        starting checkpoint (train.init_from) records wins over the config's unless set there."""
         self.config = config
         self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
         target = build_target(config, mesh=self.mesh, abstract=abstract, scan=True)
-        trainable = build_trainable(config, target.cfg, abstract=abstract)
+        trainable = build_trainable(config, target.cfg, abstract=abstract, overridden=overridden)
         trainable.drafter.cfg.check_target(target.cfg)
         self.drafter_cfg = trainable.drafter.cfg
         self.graphdef, params = st.split_params(trainable)
