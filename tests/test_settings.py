@@ -1,12 +1,12 @@
-"""One place per default: every typed settings object takes its defaults from the config, so a
-settings class whose default differs from the config's fails here; and one optimizer factory and
-one checkpoint policy read the `train` and `pretrain` sections alike."""
+"""One place per field: each default beside its rule (config.py), the typed views made from those
+declarations; and one optimizer factory and one checkpoint policy read the `train` and
+`pretrain` sections alike."""
 
 import dataclasses
 
 import pytest
 
-from xpress_jax.config import dflash_recipe, drafter_section, heads_section, run_section, target_arch
+from xpress_jax.config import dflash_recipe, drafter_section, heads_section, target_arch
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.models.drafter import DrafterConfig
@@ -22,26 +22,34 @@ def recipe():
                          drafter=drafter_section(), heads=heads_section())
 
 
-def _defaults(cls) -> dict:
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+def test_every_declared_default_passes_its_own_rule(recipe):
+    """A field's default and rule sit side by side (config.py); a default its rule refuses fails here."""
+    from xpress_jax.config import REQUIRED, fields
+    bad = {k: f.default for k, f in fields().items() if f.default is not REQUIRED and f.rule(f.default)}
+    assert not bad
 
 
-def test_decode_settings_defaults_are_the_eval_sections(recipe):
-    where = {"branches": lambda e: e.dloop_branches[0]}
-    defaults = _defaults(DecodeSettings)
-    assert set(defaults) == {f.name for f in dataclasses.fields(DecodeSettings)}
-    for name, value in defaults.items():
-        assert value == where.get(name, lambda e: e[name])(recipe.eval), name
-    assert EvalSettings.from_config(recipe.eval).decode() == DecodeSettings()
-
-
-def test_eval_settings_have_exactly_the_eval_sections_fields_and_no_defaults_of_their_own(recipe):
-    assert not _defaults(EvalSettings)
-    assert {f.name for f in dataclasses.fields(EvalSettings)} == set(recipe.eval.keys())
+def test_the_typed_views_are_made_from_the_declarations(recipe):
+    """EvalSettings has the eval section's fields with its defaults; DecodeSettings the eval knobs'
+    defaults; LossSettings reads train.loss and every registered head's weight."""
+    from xpress_jax.train.step import LossSettings
     s = EvalSettings.from_config(recipe.eval)
+    assert s == EvalSettings() and s.decode() == DecodeSettings()
     assert s.as_dict() == {k: list(v) if isinstance(v, tuple) else v for k, v in recipe.eval.items()}
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.max_iters = 8  # changed with dataclasses.replace, never in place
+    changed = recipe.train.copy_and_resolve_references()
+    changed.loss.tv, changed.loss.markov = 0.25, 0.5
+    loss = LossSettings.from_config(changed)
+    assert loss.tv == 0.25 and dict(loss.head_weights)["markov"] == 0.5 and loss.gamma == recipe.train.loss.gamma
+
+
+def test_decode_settings_are_checked_by_the_eval_fields_rules():
+    from xpress_jax.errors import InputError
+    with pytest.raises(InputError, match="max_iters must be an integer >= 1, got 0"):
+        DecodeSettings(max_iters=0).check("xpress", block=16)
+    with pytest.raises(InputError, match="verify_tokens must lie in 0..15"):
+        DecodeSettings(verify_tokens=16).check("dflash", block=16)
 
 
 def test_the_drafter_sections_defaults_are_the_drafters(recipe):
@@ -57,7 +65,8 @@ def test_the_drafter_sections_defaults_are_the_drafters(recipe):
 
 
 def test_train_and_pretrain_share_the_run_sections_fields(recipe, tmp_path):
-    shared = set(run_section())
+    from xpress_jax.config import RUN
+    shared = set(RUN)
     assert shared <= set(recipe.train.keys()) and shared <= set(recipe.pretrain.keys())
     # the loop and the optimizer read only these fields, so both sections drive them alike
     from xpress_jax.train import loop, state

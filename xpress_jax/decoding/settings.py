@@ -1,5 +1,5 @@
 """The decoder knobs beyond the decoder's name, in one object whose defaults are the config's
-(`config.evaluation_defaults`).
+`eval` fields of the same names (`config.EVAL`; `branches` is the first of `dloop_branches`).
 
 Built once (from `generate`'s arguments or the eval's settings) and passed down to the
 draft step, the refiner and the profiler. A knob set for a decoder that would ignore it is an
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from xpress_jax.config import evaluation_defaults
+from xpress_jax.config import EVAL
 from xpress_jax.errors import InputError
 from xpress_jax.methods import DECODERS, decoders_reading
 
-_EVAL = evaluation_defaults()
+_EVAL = {name: f.default for name, f in EVAL.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +44,13 @@ class DecodeSettings:
             name = ignored[0].split("=")[0]
             raise InputError(f"{', '.join(ignored)} would be ignored by decoder {decoder!r}; {name} applies to "
                              f"{', '.join(decoders_reading(name))}")
-        if self.max_iters < 1:
-            raise InputError(f"max_iters (Jacobi iterations) must be >= 1, got {self.max_iters}")
-        if not 0 <= self.verify_tokens <= block - 1:
+        for name in ("max_iters", "top_k", "prefill_chunk", "verify_tokens"):  # the eval fields' rules
+            allowed = EVAL[name].rule(getattr(self, name))
+            if allowed:
+                raise InputError(f"{name} must be {allowed}, got {getattr(self, name)}")
+        if not self.verify_tokens <= block - 1:
             raise InputError(f"verify_tokens must lie in 0..{block - 1} (0: the whole block of {block - 1} "
                              f"draft tokens), got {self.verify_tokens}")
-        if self.prefill_chunk < 0:
-            raise InputError(f"prefill_chunk must be >= 0 (0: whole prompts), got {self.prefill_chunk}")
-        if self.top_k < 0:
-            raise InputError(f"top_k must be >= 0, got {self.top_k}")
         if DECODERS[decoder].loop and not 1 <= self.branches <= block - 1:
             raise InputError(f"branches must lie in 1..{block - 1} (one per prefix length of a block of {block}), "
                              f"got {self.branches}")

@@ -1,7 +1,7 @@
 """The training loop, for the drafter (`setup.py`) and the target (`xpress_jax.pretrain`)
 alike: resume or start, step, log, checkpoint, stop.
 
-What it owns: the checkpoint policy of a run section (`config.run_section`: save_every, keep,
+What it owns: the checkpoint policy of a run section (`config.RUN`: save_every, keep,
 async_checkpointing), exact resumption (train state and data-iterator position restored from
 the newest step that reads), JSONL + TensorBoard logs, the progress bar, SIGTERM (save, then
 exit), and the non-finite guard (a step whose loss or gradient is not finite changes nothing;

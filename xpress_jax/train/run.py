@@ -81,9 +81,7 @@ def train(config, *, stop_after: int | None = None, overridden: frozenset[str] =
     if resumed is not None:
         start, state = resumed
     else:
-        if t.init_from:
-            setup.params = initial_params(setup, config, t.init_from)
-        start, state = 0, setup.init_state()
+        start, state = 0, setup.init_state(initial_params(setup, config, t.init_from) if t.init_from else None)
     if jax.process_index() == 0:  # config.json records what the run was started with; never overwritten
         os.makedirs(out_dir, exist_ok=True)
         name = "config.json" if resumed is None else (f"config.resumed_at_{start}.json" if changes else None)

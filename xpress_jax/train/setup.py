@@ -99,9 +99,11 @@ class Setup:
         self.step = jax.jit(step, in_shardings=(self.state_sharding, self.target_sharding, self.batch_sharding),
                             out_shardings=(self.state_sharding, None), donate_argnums=(0,))
 
-    def init_state(self):
+    def init_state(self, params: dict | None = None):
+        """Step 0's state from `params` (placed as `self.params`; e.g. a checkpoint's weights loaded
+        over them), or from the fresh initialisation."""
         return jax.jit(lambda p: st.init_state(p, self.tx, self.config.seed), out_shardings=self.state_sharding)(
-            self.params)
+            self.params if params is None else params)
 
     def abstract_batch(self):
         shape = (self.config.train.batch_size, self.config.data.max_len)

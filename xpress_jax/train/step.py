@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xpress_jax.config import LOSS, TRAIN
 from xpress_jax.methods import HEADS, head_loss_weights
 from xpress_jax.sharding import constrain
 from xpress_jax.models.drafter import block_inputs
@@ -21,29 +22,25 @@ EPS = 1e-6
 LOGITS_AXES = ("batch", None, None, "vocab")  # [batch, C, n, vocab]: per-chunk logits, batch-split
 
 
-@dataclasses.dataclass(frozen=True)
-class LossSettings:
-    """What the objective reads of a config's `train` section (`train.loss` and the anchors)."""
-    gamma: float
-    num_anchors: int
-    anchor_chunk: int
-    dflash_ce: float
-    tv: float  # weight of TV next to CE in the heads' losses
-    dloop: float  # > 0: D-Loop's complementary objective replaces the DFlash CE
-    dloop_beta: float
-    dloop_tau_s: float
-    dflash_ce_with_heads: bool
-    remat: bool
-    layer_remat: str
-    head_weights: tuple[tuple[str, float], ...]  # (loss term, weight) of every registered head
+_ANCHOR_FIELDS = ("num_anchors", "anchor_chunk", "remat", "layer_remat")  # of `train`, beside `train.loss`
 
+
+class _FromConfig:
     @classmethod
     def from_config(cls, train) -> "LossSettings":
+        """From a config's `train` section."""
         loss = dict(train.loss)
         terms = head_loss_weights()
-        return cls(num_anchors=train.num_anchors, anchor_chunk=train.anchor_chunk, remat=train.remat,
-                   layer_remat=train.layer_remat, head_weights=tuple((k, loss.pop(k)) for k in terms if k in loss),
-                   **loss)
+        return cls(**{k: train[k] for k in _ANCHOR_FIELDS}, **{k: loss[k] for k in LOSS},
+                   head_weights=tuple((k, loss[k]) for k in terms if k in loss))
+
+
+# What the objective reads of a config's `train` section: the drafter's losses (config.LOSS), the
+# anchor fields, and (loss term, weight) of every registered head; typed as declared there.
+LossSettings = dataclasses.make_dataclass(
+    "LossSettings", [(k, TRAIN[k].type) for k in _ANCHOR_FIELDS] + [(k, f.type) for k, f in LOSS.items()]
+    + [("head_weights", tuple)], bases=(_FromConfig,), frozen=True)
+LossSettings.__module__ = __name__
 
 
 def _chunk(x, n_chunks):
