@@ -122,7 +122,19 @@ class DecoderSpec:
 
 
 DECODERS: dict[str, DecoderSpec] = {"target": DecoderSpec(drafter=False), "dflash": DecoderSpec()}
+# in the order tables list them: the serial baselines, then XPress, then D-Loop
 
+register_head("markov", HeadSpec(
+    MarkovHead, {"rank": 256}, lambda h, d: {**_base(d), "rank": h["rank"]}, SERIAL,
+    "l_k = s_k + markov_w1[x_{k-1}] markov_w2^T (SpecForge DSpark layout)",
+    loss_weights={"markov": 1.0},
+    file_keys=_MARKOV_KEYS,  # SpecForge's DSpark layout, so checkpoints interchange with theirs
+    dims=lambda t: {"vocab_size": t[_MARKOV_KEYS["markov_w1"]][0], "rank": t[_MARKOV_KEYS["markov_w1"]][1]}))
+register_head("gru", HeadSpec(
+    GRUHead, {"gru_hidden": 256, "proj_dim": 256},
+    lambda h, d: {**_base(d), "gru_hidden": h["gru_hidden"], "proj_dim": h["proj_dim"]}, SERIAL,
+    "state_k = GRU(state_{k-1}, embed(x_{k-1})) without bias; l_k = s_k + W_b silu(W_a [h_k ; state_k])",
+    loss_weights={"gru": 1.0}))
 register_head("xpress", HeadSpec(
     XPressRefiner, {"rank": 256}, lambda h, d: {**_base(d), "num_positions": d.block_size - 1, "rank": h["rank"]},
     JACOBI,
@@ -135,17 +147,6 @@ register_head("xpress", HeadSpec(
     loss=xpress_terms, trains_drafter_logits=True,
     dims=lambda t: {"vocab_size": t["W_e"][0], "rank": t["W_e"][1], "hidden_size": t["W_h"][0],
                     "num_positions": t["L"][0], "block_size": t["L"][0] + 1}))
-register_head("markov", HeadSpec(
-    MarkovHead, {"rank": 256}, lambda h, d: {**_base(d), "rank": h["rank"]}, SERIAL,
-    "l_k = s_k + markov_w1[x_{k-1}] markov_w2^T (SpecForge DSpark layout)",
-    loss_weights={"markov": 1.0},
-    file_keys=_MARKOV_KEYS,  # SpecForge's DSpark layout, so checkpoints interchange with theirs
-    dims=lambda t: {"vocab_size": t[_MARKOV_KEYS["markov_w1"]][0], "rank": t[_MARKOV_KEYS["markov_w1"]][1]}))
-register_head("gru", HeadSpec(
-    GRUHead, {"gru_hidden": 256, "proj_dim": 256},
-    lambda h, d: {**_base(d), "gru_hidden": h["gru_hidden"], "proj_dim": h["proj_dim"]}, SERIAL,
-    "state_k = GRU(state_{k-1}, embed(x_{k-1})) without bias; l_k = s_k + W_b silu(W_a [h_k ; state_k])",
-    loss_weights={"gru": 1.0}))
 DECODERS["dloop"] = DecoderSpec(loop=True)
 DECODERS["dloop+xpress"] = DecoderSpec(head="xpress", loop=True)
 
