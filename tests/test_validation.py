@@ -220,3 +220,19 @@ def test_the_command_line_overrides_are_read_from_that_command_lines_flags():
         flag_values(argv)
         seen.append(cli.config_overrides(flag_values))
     assert seen == [{"heads.rank", "eval.num_prompts"}, {"seed"}, frozenset()]
+
+
+def test_a_target_directory_without_its_tokenizer_is_refused_naming_what_is_missing(tmp_path, tiny_dirs):
+    """A real target decoded through bytes would train and evaluate on the wrong tokens: eval,
+    train and the drafter's mask token refuse the directory in one line, before any weight is read."""
+    import shutil
+    target = tmp_path / "target"
+    shutil.copytree(tiny_dirs["tied_gqa1"], target)
+    r = invoke("xpress_jax.eval", f"--config.target.hf_dir={target}", f"--out={tmp_path / 'e'}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{target}: no tokenizer (tokenizer_config.json and tokenizer.json missing)" in r.stderr
+    (target / "tokenizer_config.json").write_text("{}")
+    r = invoke("xpress_jax.train", *override_args(tmp_path / "t"), f"--config.target.hf_dir={target}",
+               "--config.drafter.mask_token_id=-1")
+    assert r.returncode == 2 and "no tokenizer (tokenizer.json missing)" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "t").exists()

@@ -62,13 +62,23 @@ class ByteTokenizer:
         return "".join(out)
 
 
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")  # what AutoTokenizer reads offline
+
+
 def tokenizer_for(hf_dir: str, vocab_size: int = 151936):
-    """The checkpoint's tokenizer when the directory has one, else a ByteTokenizer for the vocabulary."""
+    """The tokenizer of a checkpoint directory; a ByteTokenizer for the vocabulary only when there
+    is no directory (a random target). A directory without its tokenizer files is refused in one
+    line: a real target decoded through bytes would train and evaluate on the wrong tokens."""
     import os
-    if hf_dir and os.path.isfile(os.path.join(hf_dir, "tokenizer_config.json")):
-        from xpress_jax.data.chat import load_tokenizer
-        return load_tokenizer(hf_dir)
-    return ByteTokenizer(vocab_size)
+    if not hf_dir:
+        return ByteTokenizer(vocab_size)
+    from xpress_jax.data.chat import load_tokenizer
+    from xpress_jax.errors import CheckpointError
+    missing = [f for f in TOKENIZER_FILES if not os.path.isfile(os.path.join(hf_dir, f))]
+    if missing:
+        raise CheckpointError(f"{hf_dir}: no tokenizer ({' and '.join(missing)} missing); copy the target's "
+                              "tokenizer files there, or set data.tokenizer_dir to a directory that has them")
+    return load_tokenizer(hf_dir)
 
 
 def pad_id(tokenizer) -> int:

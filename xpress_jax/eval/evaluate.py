@@ -93,9 +93,9 @@ def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, bran
 
 def _tokenizer(config):
     from xpress_jax.data.byte_tokenizer import ByteTokenizer, tokenizer_for
-    tok = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
+    tok = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, target_config(config).vocab_size)
     if isinstance(tok, ByteTokenizer):
-        log.warning("no tokenizer in target.hf_dir: byte-level prompts (a smoke run with random weights)")
+        log.warning("no target directory: byte-level prompts (a smoke run with random weights)")
     return tok
 
 
@@ -242,14 +242,15 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
     target-only decoding at temperature 0 when check_lossless). `overridden`: the config keys the
     command line set (`build_methods`)."""
-    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel, overridden)
-    s = dataclasses.replace(s, lossless_reference=lossless_reference(s.lossless_reference, target.dtype))
-    os.makedirs(s.out_dir, exist_ok=True)
+    # the questions and the tokenizer first: bad data is refused before any weight is read
     questions = {ds: load_questions(ds, s.num_prompts) for ds in s.datasets}
     encoded = {ds: encode_prompts(config, questions[ds], s.max_prompt_tokens) for ds in s.datasets}
     for ds, (prompts, skipped, _) in encoded.items():
         if not prompts:
             raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
+    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel, overridden)
+    s = dataclasses.replace(s, lossless_reference=lossless_reference(s.lossless_reference, target.dtype))
+    os.makedirs(s.out_dir, exist_ok=True)
     # one padded prompt length for every dataset, the longest prompt's bucket: one program per decoder setting
     pad = shared_length([len(p) for prompts, _, _ in encoded.values() for p in prompts], s.prefill_chunk)
     results, sweep, skipped_long, examples = {}, {}, {}, {}

@@ -89,7 +89,7 @@ def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max
         nnx.update(model, replicate(nnx.state(model), mesh))
     if split is not None:
         place_on_tensor_mesh(SpecModels(model), split)
-    tokenizer = tokenizer_for(config.target.hf_dir, target_config(config).vocab_size)
+    tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, target_config(config).vocab_size)
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     skipped = 0
     with open(path, "a") as f:

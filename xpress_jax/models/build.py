@@ -78,9 +78,9 @@ def mask_token(config, target: Qwen3Config) -> int:
     the first id after the tokenizer's own (151669 for Qwen3, as DFlash uses); without a
     tokenizer (a random target), Qwen3's."""
     directory = config.data.tokenizer_dir or config.target.hf_dir
-    if directory and os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
-        from xpress_jax.data.chat import load_tokenizer
-        tok = load_tokenizer(directory)
+    if directory:  # a directory without its tokenizer is refused here, before any weight is read
+        from xpress_jax.data.byte_tokenizer import tokenizer_for
+        tok = tokenizer_for(directory, target.vocab_size)
         mask = tok.convert_tokens_to_ids("<|mask|>")
         mask, source = (mask, f"<|mask|> of {directory}") if mask is not None and mask != tok.unk_token_id \
             else (len(tok), f"the first id after {directory}'s tokenizer")
