@@ -5,6 +5,7 @@ name, and using them end to end)."""
 
 import dataclasses
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -95,11 +96,12 @@ def test_a_head_registered_in_a_test_file_trains_exports_and_evaluates(tmp_path,
     recorded = json.loads((export / "heads" / "echo.config.json").read_text())
     assert recorded["echo_rank"] == 6 and recorded["head"] == "echo" and (export / "heads" / "echo.safetensors").is_file()
 
-    s = dataclasses.replace(EvalSettings.from_config(config.eval), datasets=("gsm8k",), num_prompts=2,
+    math500 = os.path.join(os.path.dirname(__file__), "data", "benchmarks", "math500")  # its published schema
+    s = dataclasses.replace(EvalSettings.from_config(config.eval), datasets=(f"math500={math500}",), num_prompts=2,
                             max_new_tokens=6, out_dir=str(tmp_path / "eval"), time_split=False, iteration_sweep=(),
                             lossless_reference="target_only")
     report, failures = evaluate(config, parse_methods(None, ["echo"], str(export)), s, check_lossless=True)
-    row = report["results"]["gsm8k"]["echo"]
+    row = report["results"]["math500"]["echo"]
     assert failures == 0 and row["lossless"] is True and row["tau"] >= 1.0 and row["new_tokens"] == 12
 
 

@@ -36,7 +36,10 @@ flags.DEFINE_string("checkpoint", "", "Drafter directory (DFlash layout, heads/ 
 flags.DEFINE_list("checkpoints", None, f"One checkpoint per method: LABEL=DIR,... where LABEL is a decoder "
                   f"({', '.join(spec_decoders())}) optionally with a .variant (xpress.frozen=DIR). Replaces "
                   "--decoders/--checkpoint.", flag_values=FLAGS)
-flags.DEFINE_list("datasets", None, "gsm8k, humaneval, mt_bench, alpaca, or paths to jsonl files.", flag_values=FLAGS)
+flags.DEFINE_list("datasets", None, "Shipped sets (gsm8k, humaneval, mt_bench, alpaca: 80 questions each), paths to "
+                  "jsonl files of questions, or NAME=PATH: a benchmark's published file or folder of files, read "
+                  "in its own schema (NAME: gsm8k, math500, aime2025, humaneval, mbpp, livecodebench, mt_bench, "
+                  "alpaca).", flag_values=FLAGS)
 flags.DEFINE_list("decoders", None, f"Any of {', '.join(spec_decoders())}, all from --checkpoint (default: DFlash and "
                   "every head the checkpoint holds; without --checkpoint, eval.decoders).", flag_values=FLAGS)
 flags.DEFINE_list("dloop_branches", None, "D-Loop's branch counts (prefixes verified together), e.g. 1,4: each "

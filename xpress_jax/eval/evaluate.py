@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from xpress_jax.data.questions import load_questions
+from xpress_jax.data.questions import dataset_label, load_dataset_entry
 from xpress_jax.decoding.profile import component_times
 from xpress_jax.decoding.devices import place_on_tensor_mesh, tensor_mesh
 from xpress_jax.decoding.padding import shared_length
@@ -243,8 +243,12 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     target-only decoding at temperature 0 when check_lossless). `overridden`: the config keys the
     command line set (`build_methods`)."""
     # the questions and the tokenizer first: bad data is refused before any weight is read
-    questions = {ds: load_questions(ds, s.num_prompts) for ds in s.datasets}
-    encoded = {ds: encode_prompts(config, questions[ds], s.max_prompt_tokens) for ds in s.datasets}
+    labels = [dataset_label(entry) for entry in s.datasets]  # NAME=PATH is reported as NAME
+    if len(set(labels)) != len(labels):
+        raise InputError(f"eval.datasets {list(s.datasets)}: two entries are both called "
+                         f"{next(x for x in labels if labels.count(x) > 1)!r}")
+    questions = {ds: load_dataset_entry(entry, s.num_prompts) for ds, entry in zip(labels, s.datasets)}
+    encoded = {ds: encode_prompts(config, questions[ds], s.max_prompt_tokens) for ds in labels}
     for ds, (prompts, skipped, _) in encoded.items():
         if not prompts:
             raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
@@ -254,7 +258,7 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     # one padded prompt length for every dataset, the longest prompt's bucket: one program per decoder setting
     pad = shared_length([len(p) for prompts, _, _ in encoded.values() for p in prompts], s.prefill_chunk)
     results, sweep, skipped_long, examples = {}, {}, {}, {}
-    for ds in s.datasets:
+    for ds in labels:
         prompts, skipped_long[ds], stop_ids = encoded[ds]
         base_tokens, base_stats, base_s = run_decoder(SpecModels(target), prompts, "target", s, stop_ids, pad,
                                                       f"{ds}/target")
