@@ -9,6 +9,7 @@ import os
 
 from xpress_jax.errors import InputError
 from xpress_jax.eval.metrics import tau_ratio
+from xpress_jax.report import published
 from xpress_jax.report.tables import markdown_table
 
 # the eval settings that decide which prompts are decoded and which tokens come out
@@ -62,11 +63,19 @@ def compare(method: tuple[dict, str], reference: tuple[dict, str]) -> dict:
             raise InputError(f"{ds}: target-only decoding gave different answer lengths in the two reports "
                              f"({lengths[0]} against {lengths[1]}): not the same target or prompts")
         out[ds] = {**tau_ratio(rows[label], ref_rows[ref_label]),
-                   "tau": rows[label]["tau"], "tau_reference": ref_rows[ref_label]["tau"]}
+                   "tau": rows[label]["tau"], "tau_reference": ref_rows[ref_label]["tau"],
+                   # the papers' ratio of these two methods on this target (report/published.py)
+                   "published_ratio": published.ratio_cell(report, label, ref_report, ref_label, ds)}
     return out
 
 
 def markdown(result: dict, label: str, ref_label: str) -> str:
-    return markdown_table(["dataset", f"{label} tau", f"{ref_label} tau", "ratio", "95% interval"],
-                          [[ds, f"{r['tau']:.3f}", f"{r['tau_reference']:.3f}", f"{r['ratio']:.3f}",
-                            f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}"] for ds, r in result.items()])
+    """The paired ratios, with the papers' ratio of the same two methods where `compare` found one."""
+    header = ["dataset", f"{label} tau", f"{ref_label} tau", "ratio", "95% interval"]
+    rows = [[ds, f"{r['tau']:.3f}", f"{r['tau_reference']:.3f}", f"{r['ratio']:.3f}",
+             f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}"] for ds, r in result.items()]
+    if any(r.get("published_ratio", "-") != "-" for r in result.values()):
+        header.append("published ratio")
+        for row, r in zip(rows, result.values()):
+            row.append(r["published_ratio"])
+    return markdown_table(header, rows)

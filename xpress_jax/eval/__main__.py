@@ -26,7 +26,7 @@ from xpress_jax import cli
 from xpress_jax.config_schema import check_fields
 from xpress_jax.errors import InputError
 from xpress_jax.eval.evaluate import checkpoint_decoders, evaluate, parse_methods
-from xpress_jax.eval.report import markdown
+from xpress_jax.eval.report import report_markdown
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.methods import spec_decoders
 
@@ -81,7 +81,7 @@ def main(config):
         decoders = checkpoint_decoders(FLAGS.checkpoint)  # unless asked otherwise, what the checkpoint holds
     methods = parse_methods(FLAGS.checkpoints, decoders, FLAGS.checkpoint, s.dloop_branches)
     report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless, overridden=overridden)
-    print(markdown(report["results"]))
+    print(report_markdown(report))
     print(f"results: {os.path.join(s.out_dir, 'results.json')}; plots: acceptance.png"
           f"{', tau_vs_iterations.png' if report['iteration_sweep'] else ''}")
     if failures:

@@ -16,6 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from xpress_jax.data.questions import dataset_label, load_dataset_entry
+from xpress_jax.report.published import target_name as published_target_name
 from xpress_jax.decoding.profile import component_times
 from xpress_jax.decoding.devices import place_on_tensor_mesh, tensor_mesh
 from xpress_jax.decoding.padding import shared_length
@@ -274,6 +275,8 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     one_checkpoint = len({m.checkpoint for m in methods}) == 1
     report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "settings": s.as_dict(),
               # what the speedups were measured with
+              # the published model this target's shape is, whose papers' figures results.md sets beside
+              "published_target": published_target_name(target.cfg),
               "dtypes": {"target": config.target_param_dtype, "target_compute": config.dtype,
                          "drafter_and_heads": s.drafter_dtype},
               "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,

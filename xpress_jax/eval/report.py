@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from xpress_jax import atomic
-from xpress_jax.report import plots
+from xpress_jax.report import plots, published
 from xpress_jax.report.tables import markdown_table
 
 
@@ -23,8 +23,9 @@ def ratio_cell(c: dict | None) -> str:
     return f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
 
 
-def markdown(results: dict) -> str:
-    """Every method of every dataset; then each method's tau against the reference's."""
+def markdown(results: dict, published_cell=None) -> str:
+    """Every method of every dataset (with the papers' figures for that row when `published_cell`
+    gives them); then each method's tau against the reference's."""
     def lossless(r):
         if r.get("lossless") is None:
             return "-"
@@ -32,8 +33,13 @@ def markdown(results: dict) -> str:
     rows = [[ds, label, f"{r['tau']:.3f}", f"{r['tau_per_prompt_mean']:.3f}", repetition_cell(r),
              f"{r['tokens_per_s']:.1f}", "-" if r["speedup"] is None else r["speedup"], lossless(r)]
             for ds, by_label in results.items() for label, r in by_label.items()]
-    text = markdown_table(["dataset", "method", "tau", "tau (per-prompt mean)", "repetition (drafter's block)",
-                           "tokens/s", "speedup", "lossless"], rows)
+    header = ["dataset", "method", "tau", "tau (per-prompt mean)", "repetition (drafter's block)", "tokens/s",
+              "speedup", "lossless"]
+    if published_cell is not None:
+        header.append("published")
+        for row in rows:
+            row.append(published_cell(row[0], row[1]))
+    text = markdown_table(header, rows)
     compared = [[ds, label, c["reference"], f"{c['ratio']:.3f}", f"{c['ci95'][0]:.3f}-{c['ci95'][1]:.3f}"]
                 for ds, by_label in results.items() for label, r in by_label.items()
                 if (c := r.get("tau_vs_reference"))]
@@ -53,13 +59,39 @@ def dtypes_line(report: dict) -> str:
             f"{d['drafter_and_heads']}; {report.get('device', '')}.")
 
 
+def published_figures(report: dict) -> list:
+    """The papers' figures for this run's target at its temperature (none for other targets)."""
+    return published.figures(report.get("published_target"), report["settings"]["temperature"])
+
+
+def report_markdown(report: dict) -> str:
+    """results.md: the dtypes, the table, and where the target is a published one, the papers'
+    figures beside the run's (per row, and the papers' means against the run's)."""
+    found = published_figures(report)
+    cell = None
+    if found:
+        methods = {**report["methods"], "target": {"decoder": "target"}}
+        cell = lambda ds, label: published.cell(found, ds, methods.get(label, {}))  # noqa: E731
+    text = dtypes_line(report) + "\n\n" + markdown(report["results"], cell)
+    rows = published.means_table(report, found)
+    if rows:
+        text += (f"\nThe papers' means for {report['published_target']} at T = {report['settings']['temperature']:g} "
+                 "against this run's mean over its datasets (their benchmark sets and prompts differ from a "
+                 "run's unless it used the same):\n\n")
+        text += markdown_table(["method", "metric", "published", "this run", "datasets", "source"], rows)
+    return text
+
+
 def write_outputs(report: dict, out_dir: str) -> None:
     results, sweep = report["results"], report["iteration_sweep"]
     atomic.write_json(os.path.join(out_dir, "results.json"), report)
-    atomic.write_text(os.path.join(out_dir, "results.md"), dtypes_line(report) + "\n\n" + markdown(results))
+    atomic.write_text(os.path.join(out_dir, "results.md"), report_markdown(report))
     plots.acceptance_per_position({ds: {h: r for h, r in v.items() if h != "target"} for ds, v in results.items()},
                                   os.path.join(out_dir, "acceptance.png"))
     if sweep:
         reference = {ds: {h: r["tau"] for h, r in v.items() if h != "target" and h not in sweep.get(ds, {})}
                      for ds, v in results.items()}  # the methods without a sweep, as flat lines
-        plots.tau_against_iterations(sweep, reference, os.path.join(out_dir, "tau_vs_iterations.png"))
+        plateau = next((f.value for f in published_figures(report)
+                        if f.method == "xpress" and f.metric == "tau_vs_markov" and f.dataset == published.MEAN), None)
+        plots.tau_against_iterations(sweep, reference, os.path.join(out_dir, "tau_vs_iterations.png"),
+                                     published_plateau=plateau)

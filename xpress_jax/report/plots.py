@@ -8,6 +8,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from xpress_jax.report import published  # noqa: E402
+
 
 def _panels(count: int, width: float = 5.0, height: float = 3.6):
     """A figure with `count` side-by-side panels: (figure, list of axes)."""
@@ -41,9 +43,11 @@ def acceptance_per_position(results: dict, path: str) -> None:
     _save(fig, path)
 
 
-def tau_against_iterations(sweep: dict, reference: dict, path: str) -> None:
+def tau_against_iterations(sweep: dict, reference: dict, path: str, published_plateau: float | None = None) -> None:
     """tau of each XPress method against its Jacobi iterations, with the other methods as flat lines,
-    and one legend for all panels beside them (a dozen lines would hide a panel's own)."""
+    and one legend for all panels beside them (a dozen lines would hide a panel's own). With
+    `published_plateau` (the XPress paper's mean tau over the Markov head's at its plateau), the
+    paper's curve as its text states it: the run's Markov tau times that ratio from K = 7 on."""
     datasets = list(sweep)
     fig, axes = _panels(len(datasets), 5, 3.6)
     for ax, ds in zip(axes, datasets):
@@ -55,6 +59,12 @@ def tau_against_iterations(sweep: dict, reference: dict, path: str) -> None:
             ax.plot(ks, [by_k[str(k)] for k in ks], marker="o", label=label, color=colors[labels.index(label)])
         for head, tau in reference.get(ds, {}).items():
             ax.axhline(tau, ls="--", lw=1, label=head, color=colors[labels.index(head)])
+        markov = next((tau for head, tau in reference.get(ds, {}).items() if head.split(".")[0] == "markov"), None)
+        if published_plateau is not None and markov is not None:
+            start = published.XPRESS_PLATEAU_FROM_K
+            ks = [k for k in sorted({int(k) for by_k in sweep[ds].values() for k in by_k} | {start}) if k >= start]
+            ax.plot(ks, [markov * published_plateau] * len(ks), ls=":", lw=2, color="black", marker="s",
+                    label=f"XPress paper: Markov x {published_plateau:.2f} (K >= {start})")
         ax.set(title=ds, xlabel="Jacobi iterations", ylabel="tau (acceptance length)")
         _finish(ax, legend=False)
     handles, labels = axes[0].get_legend_handles_labels()
