@@ -438,3 +438,44 @@ def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
         monkeypatch.undo()
         jax.clear_caches()
     assert report["lossless"] is False and report["mismatches"] >= 1, report
+
+
+def test_the_papers_protocol_runs_on_the_tiny_target_at_both_temperatures(tmp_path, monkeypatch):
+    """configs/paper_eval.py with the shipped tiny target standing in for Qwen3-8B, at reduced
+    lengths: the eight benchmarks from their published files (bench/NAME), every decoder, XPress's
+    iteration sweep and D-Loop at K = 1 and 4, each lossless at T = 0; then its T = 1 pass."""
+    import shutil
+    from cli_helpers import ROOT
+    from xpress_jax import assets
+    from xpress_jax.checkpoints.hf_drafter import load_drafter
+    from xpress_jax.cli import load_config
+    from xpress_jax.data.questions import PUBLISHED
+    from xpress_jax.models.build import new_head
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(assets.TINY_DFLASH, ckpt)
+    shutil.copytree(os.path.join(assets.TINY_XPRESS_HEADS, "heads"), ckpt / "heads")
+    config = load_config(os.path.join(ROOT, "configs", "paper_eval.py:tiny_heads"))
+    for name in ("markov", "gru"):  # random serial heads beside the shipped refiner
+        save_head(new_head(name, config, load_drafter(str(ckpt)).cfg), str(ckpt), name)
+    (tmp_path / "bench").symlink_to(os.path.join(ROOT, "tests", "data", "benchmarks"))
+    monkeypatch.chdir(tmp_path)
+    common = [f"--config={ROOT}/configs/paper_eval.py:tiny_heads", f"--config.target.hf_dir={assets.TINY_TARGET}",
+              "--num_prompts=1", "--max_new_tokens=6", "--config.eval.time_split=false"]
+    every = ",".join(f"{d}={ckpt}" for d in ("dflash", "markov", "gru", "xpress", "dloop"))
+    r = invoke("xpress_jax.eval", *common, f"--checkpoints={every}", "--check_lossless", "--out=t0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "t0" / "results.json").read_text())
+    assert list(report["results"]) == list(PUBLISHED)
+    s = report["settings"]
+    assert (s["batch_size"], s["temperature"], s["iteration_sweep"], s["dloop_branches"]) == (1, 0.0, [1, 2, 4, 8], [1, 4])
+    for ds, rows in report["results"].items():
+        assert set(rows) == {"target", "dflash", "markov", "gru", "xpress", "dloop", "dloop.b4"}, ds
+        assert all(r["lossless"] is True for label, r in rows.items() if label != "target"), ds
+        assert set(report["iteration_sweep"][ds]["xpress"]) == {"1", "2", "4", "8"}
+    assert report["published_target"] is None  # the tiny target: no published figures beside it
+    r = invoke("xpress_jax.eval", *common, f"--checkpoints=dflash={ckpt},dloop={ckpt}", "--temperature=1",
+               "--out=t1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "t1" / "results.json").read_text())
+    assert report["settings"]["temperature"] == 1.0 and set(report["results"]["aime2025"]) == {
+        "target", "dflash", "dloop", "dloop.b4"}

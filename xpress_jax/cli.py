@@ -40,8 +40,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONFIG_HELP = "Config file (configs/NAME.py); override any field with --config.a.b=value."
 
 
-def load_config(path: str) -> ml_collections.ConfigDict:
-    """Runs `get_config()` of a config file and locks the result (no new keys)."""
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    """Runs `get_config()` of a config file and locks the result (no new keys). `FILE:ARG` calls
+    get_config(ARG), as `--config=FILE:ARG` does (configs/paper_eval.py:qwen3_4b)."""
+    path, _, arg = spec.partition(":") if not os.path.isfile(spec) else (spec, "", "")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist")
     spec = importlib.util.spec_from_file_location(f"xpress_config_{abs(hash(path))}", path)
@@ -52,7 +54,10 @@ def load_config(path: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"config file {path}, line {e.lineno}: {e.msg}") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} defines no get_config()")
-    config = module.get_config()
+    try:
+        config = module.get_config(arg) if arg else module.get_config()
+    except (ImportError, TypeError) as e:  # an argument the file does not take, or names no config
+        raise ConfigError(f"config file {path}: get_config({arg!r}): {e}") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"config file {path}: get_config() returned {type(config).__name__}, not a ConfigDict")
     config.lock()
