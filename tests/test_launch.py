@@ -146,3 +146,32 @@ def test_a_sigterm_to_one_of_two_processes_saves_one_step_on_both():
     finals = [json.loads(line) for line in finish(run, timeout=300).strip().splitlines() if line.startswith("{")]
     assert len(finals) == 2 and finals[0]["step"] == finals[1]["step"] < 100000, finals
     assert checkpoint_steps(out_dir)[-1] == finals[0]["step"]  # (Orbax also saves a run's first step)
+
+
+def test_the_readmes_real_target_commands_parse_with_every_flag_and_config_key():
+    """Each command of the README's "On a real Qwen3 target" block, shell variables expanded, parses
+    with that command's own flags and config file: no unknown flag, key or bad value."""
+    import importlib
+    import re
+    import shlex
+    from absl import flags
+    from xpress_jax import cli
+    from xpress_jax.config_schema import check_config
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = readme.split("## On a real Qwen3 target", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    variables = dict(re.match(r"(\w+)=(.*)", part).groups() for line in lines if re.match(r"^[A-Z]=", line)
+                     for part in shlex.split(line.replace(";", " ")) if re.match(r"^[A-Z]=", part))
+    commands = [line for line in lines if line.startswith("python -m xpress_jax.")]
+    assert len(commands) == 6  # generate, three trainings, eval at T = 0 and 1
+    for line in commands:
+        line = re.sub(r"\$(\w+)", lambda m: shlex.quote(variables[m.group(1)]), line.split("#")[0])
+        argv = shlex.split(line)[2:]
+        module = importlib.import_module(f"{argv[0]}.__main__")
+        flag_values = flags.FlagValues()
+        for name in module.FLAGS:  # a fresh copy of the command's own flags
+            flag_values[name] = module.FLAGS[name]
+        argv = [argv[0]] + [a.replace("configs/", os.path.join(ROOT, "configs") + "/") for a in argv[1:]]
+        cli.define_config_flag(flag_values, argv)
+        flag_values(argv)
+        check_config(flag_values.config)
