@@ -87,7 +87,12 @@ def test_prompt_matches_the_chat_template_with_thinking_off(tok):
     ({"id": "a"}, "no 'conversations' list"),
     ({"conversations": []}, "no 'conversations' list"),
     ({"conversations": [{"role": "robot", "content": "x"}]}, "needs a role"),
-    ({"conversations": [{"role": "user", "content": None}]}, "string content"),
+    ({"conversations": [{"role": "user", "content": None}]}, "text content"),
+    ({"conversations": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "text content"),
+    ({"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a",
+                                                           "reasoning_content": "hmm"}]},
+     "carries reasoning_content .* regenerate with --reasoning disable"),
 ])
 def test_bad_records(record, message):
     with pytest.raises(DataError, match=message):
@@ -97,3 +102,39 @@ def test_bad_records(record, message):
 def test_prompt_must_not_end_with_assistant(tok):
     with pytest.raises(DataError):
         prompt_ids(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+
+
+SPECFORGE = os.path.join(os.path.dirname(__file__), "data", "specforge", "regen.jsonl")
+
+
+def test_specforge_regenerated_records_tokenise_as_their_plain_conversations(tok):
+    """SpecForge's regenerated file as it is (its status, ids, system turns and text-part content)
+    gives the ids and loss mask of the same conversation written plainly."""
+    from xpress_jax.data.dataset import read_records
+    records = read_records([SPECFORGE])
+    assert len(records) == 8
+    for record in records:
+        plain = {"conversations": [{"role": t["role"], "content": t["content"] if isinstance(t["content"], str)
+                                    else "".join(p["text"] for p in t["content"])} for t in record["conversations"]]}
+        ids, mask = conversation_to_ids(tok, record)
+        plain_ids, plain_mask = conversation_to_ids(tok, plain)
+        np.testing.assert_array_equal(ids, plain_ids)
+        np.testing.assert_array_equal(mask, plain_mask)
+        assert mask.sum() > 0
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"id": "q7", "conversations": [{"role": "user", "content": "q"}], "status": "error", "error": "timeout"},
+     r"regen.jsonl:1: record 'q7' has status 'error' \(timeout\); train on SpecForge's successful records only"),
+    ({"id": "chatcmpl-1", "object": "chat.completion",
+      "choices": [{"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "stop"}]},
+     r"regen.jsonl:1: a chat-completion response \(vLLM / SGLang output\) holds the reply but not its prompt"),
+    ({"id": "batch-1", "custom_id": "r1", "response": {"status_code": 200, "body": {}}, "error": None},
+     r"holds the reply but not its prompt; write each as"),
+])
+def test_outputs_that_cannot_train_as_they_are_are_refused_saying_what_to_convert(tmp_path, record, message):
+    from xpress_jax.data.dataset import read_records
+    path = tmp_path / "regen.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=message):
+        read_records([str(path)])

@@ -32,8 +32,20 @@ def load_tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
+def _text(content) -> str | None:
+    """A turn's text: a string, or OpenAI-style parts `[{"type": "text", "text": ...}]` joined
+    (what vLLM and SGLang requests carry); None for anything else (an image part)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    return None
+
+
 def normalise_messages(record: dict[str, Any]) -> list[dict[str, str]]:
-    """`{"conversations": [{"role", "content"}...]}` (ShareGPT `from`/`value` also accepted)."""
+    """`{"conversations": [{"role", "content"}...]}` (ShareGPT `from`/`value`, OpenAI `messages`
+    and text-part content also accepted: SpecForge's regenerated files train as they are)."""
     turns = record.get("conversations", record.get("messages"))
     if not isinstance(turns, list) or not turns:
         raise DataError(f"record {record.get('id', '?')!r}: no 'conversations' list")
@@ -43,10 +55,14 @@ def normalise_messages(record: dict[str, Any]) -> list[dict[str, str]]:
             raise DataError(f"record {record.get('id', '?')!r}, turn {i}: a turn must be an object with role and "
                             f"content, found {type(t).__name__}")
         role = t.get("role", _SHAREGPT_ROLES.get(t.get("from", ""), t.get("from")))
-        content = t.get("content", t.get("value"))
-        if role not in ROLES or not isinstance(content, str):
+        content = _text(t.get("content", t.get("value")))
+        if role not in ROLES or content is None:
             raise DataError(f"record {record.get('id', '?')!r}, turn {i}: needs a role in {ROLES} "
-                            f"and string content, got role={role!r}")
+                            f"and text content, got role={role!r}")
+        if role == "assistant" and t.get("reasoning_content"):  # SpecForge's --reasoning save
+            raise DataError(f"record {record.get('id', '?')!r}, turn {i}: the assistant turn carries "
+                            "reasoning_content (the target answered with thinking on), but drafters train "
+                            "and decode with thinking off; regenerate with --reasoning disable")
         messages.append({"role": role, "content": content})
     return messages
 

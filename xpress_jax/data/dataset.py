@@ -24,6 +24,13 @@ def _as_conversation(record, where: str) -> dict:
     """A record as {"id", "conversations"}, its turns checked, or a DataError naming `where` (file:line)."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: a record must be a JSON object, found {type(record).__name__}")
+    if "choices" in record or ("custom_id" in record and "response" in record):
+        raise DataError(f"{where}: a chat-completion response (vLLM / SGLang output) holds the reply but not its "
+                        "prompt; write each as {\"conversations\": [the request's messages..., {\"role\": "
+                        "\"assistant\", \"content\": choices[0].message.content}]}")
+    if record.get("status", "success") != "success":  # SpecForge's regeneration marks its failures
+        raise DataError(f"{where}: record {record.get('id', '?')!r} has status {record['status']!r} "
+                        f"({record.get('error', 'no error given')}); train on SpecForge's successful records only")
     if not ("conversations" in record or "messages" in record):
         if not (isinstance(record.get("question"), str) and isinstance(record.get("answer"), str)):
             raise DataError(f"{where}: record {record.get('id', '?')!r} has neither conversations nor "
