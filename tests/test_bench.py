@@ -232,3 +232,17 @@ def test_decode_suite_refuses_a_run_too_short_to_time(monkeypatch):
     monkeypatch.setattr(decode, "fastest_seconds", lambda fn, reps: (0.01, fn()))  # both runs take "0.01 s"
     with pytest.raises(InputError, match="too few to time"):
         decode.suite(config, contexts=(8,), new_tokens=4, reps=1, variants=decode.VARIANTS[:1])
+
+
+def test_the_regen_suite_sets_continuous_batching_beside_a_static_batch(tmp_path):
+    """In process, on this process's 8 simulated devices: both ways give the same tokens, and the
+    figures the benchmark record reads (useful tokens per decode slot, tokens/s) are there."""
+    r = invoke("xpress_jax.bench", "--suite=regen", "--regen_prompts=16", "--regen_max_new_tokens=48",
+               "--regen_batches=8", "--reps=1", f"--out={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "regen.json").read_text())
+    row = result["batches"]["8"]
+    assert result["complete"] and result["devices"] == 8 and row["same_tokens"] is True
+    assert 0 < row["static"]["useful_per_slot"] <= row["continuous"]["useful_per_slot"] <= 1
+    assert row["static"]["answer_tokens"] == row["continuous"]["answer_tokens"] > 16
+    assert "useful tokens per decode slot" in r.stdout

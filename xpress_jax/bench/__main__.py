@@ -1,4 +1,4 @@
-"""python -m xpress_jax.bench --suite=heads|e2e|decode|train|all [--out=DIR]
+"""python -m xpress_jax.bench --suite=heads|e2e|decode|train|regen|all [--out=DIR]
 
 Each suite writes DIR/SUITE.json (date, device, jax version, shapes, every figure) and its PNG
 plots, and prints a short summary; while it runs, SUITE.json holds what it has measured so far
@@ -8,7 +8,9 @@ early stop's latency onto the heads suite's latency-vs-iterations line: from the
 heads.json an earlier run left in DIR. The decode suite times one decode-loop step of every
 decoder against target-only decoding on random weights at `--decode_config`'s shapes (default
 configs/tiny_repro.py, with `--decode_set` overrides): the tau each must reach to break even on
-this machine.
+this machine. The regen suite times regeneration with continuous batching against a static batch
+on the shipped tiny target (or `--regen_target`), over this process's devices (simulated ones with
+XLA_FLAGS=--xla_force_host_platform_device_count=N).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from absl import flags
 from xpress_jax import atomic, cli
 from xpress_jax.errors import InputError
 
-SUITES = ("heads", "e2e", "decode", "train")
+SUITES = ("heads", "e2e", "decode", "train", "regen")
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
 DEFAULT_CONFIG = cli.config_path("qwen3_8b.py")
 flags.DEFINE_enum("suite", "heads", SUITES + ("all",), "Which benchmarks to run.", flag_values=FLAGS)
@@ -65,6 +67,13 @@ flags.DEFINE_list("anchor_chunks", [], "train: anchor-chunk sizes each timed wit
                   "default all of --train_config's anchors and a quarter of them.", flag_values=FLAGS)
 flags.DEFINE_list("frozen_heads", ["markov", "xpress"], "train: heads whose step on a frozen drafter is timed "
                   "against the same step with a backward pass through the drafter.", flag_values=FLAGS)
+flags.DEFINE_string("regen_target", "", "regen: an HF Qwen3 directory with its tokenizer (default: the shipped tiny "
+                    "target).", flag_values=FLAGS)
+flags.DEFINE_integer("regen_prompts", 48, "regen: questions, a mix of the four shipped sets (mixed answer lengths).",
+                     flag_values=FLAGS)
+flags.DEFINE_integer("regen_max_new_tokens", 160, "regen: longest answer.", flag_values=FLAGS)
+flags.DEFINE_list("regen_batches", ["4", "8", "16"], "regen: rows decoded together (over all devices).",
+                  flag_values=FLAGS)
 flags.DEFINE_list("scaling_devices", ["1", "2", "4", "8"], "train: simulated device counts (at most 8) of the "
                   "--config step's strong and weak scaling table.", flag_values=FLAGS)
 
@@ -182,6 +191,34 @@ def run_train(config_path: str, out: str) -> dict:
     return result
 
 
+def run_regen(out: str) -> dict:
+    import jax
+    from xpress_jax import assets
+    from xpress_jax.bench import regen
+    from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
+    from xpress_jax.data.chat import load_tokenizer, prompt_ids
+    from xpress_jax.data.questions import BENCHMARKS, load_questions
+    directory = FLAGS.regen_target or assets.TINY_TARGET
+    devices = jax.local_device_count()
+    batches = [int(b) for b in FLAGS.regen_batches if b.isdigit()]
+    if len(batches) != len(FLAGS.regen_batches) or any(b < 1 or b % devices for b in batches):
+        raise InputError(f"--regen_batches={','.join(FLAGS.regen_batches)}: expected row counts that {devices} "
+                         "device(s) divide")
+    tok = load_tokenizer(directory)
+    per_set = -(-FLAGS.regen_prompts // len(BENCHMARKS))
+    mixed = [q for group in zip(*(load_questions(name, per_set) for name in BENCHMARKS)) for q in group]
+    prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in mixed[:FLAGS.regen_prompts]]
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    result = regen.suite(load_qwen3(directory, scan=False), prompts, stops, max_new_tokens=FLAGS.regen_max_new_tokens,
+                         batches=batches, devices=devices, reps=FLAGS.reps, progress=partial_writer(out, "regen"))
+    for rows, r in result["batches"].items():
+        print(f"regen batch {rows} on {devices} device(s): useful tokens per decode slot static "
+              f"{r['static']['useful_per_slot']:.2f}, continuous {r['continuous']['useful_per_slot']:.2f}; "
+              f"tokens/s {r['static']['tokens_per_s']:.0f} against {r['continuous']['tokens_per_s']:.0f} "
+              f"({r['speedup']:.2f}x); same tokens: {r['same_tokens']}")
+    return {"target": directory, **result}
+
+
 def scaling_devices() -> list[int]:
     counts = FLAGS.scaling_devices
     if not counts or not all(n.isdigit() and 1 <= int(n) <= 8 for n in counts):
@@ -227,6 +264,8 @@ def main(config):
             results[suite] = run_e2e(out, results.get("heads") or _earlier(out, "heads"))
         elif suite == "decode":
             results[suite] = run_decode(out)
+        elif suite == "regen":
+            results[suite] = run_regen(out)
         else:
             results[suite] = run_train(config_path, out)
         path = os.path.join(out, f"{suite}.json")

@@ -22,7 +22,9 @@ from xpress_jax.generate.regenerate import regenerate
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
 flags.DEFINE_string("input", None, "Conversation jsonl (or question/answer jsonl) to regenerate.", flag_values=FLAGS)
 flags.DEFINE_string("output", None, "Output directory (data.jsonl inside; appended, resumable).", flag_values=FLAGS)
-flags.DEFINE_integer("batch_size", 8, "Prompts decoded together, split over --devices.", flag_values=FLAGS)
+flags.DEFINE_integer("batch_size", 0, "Rows decoding at once, split over --devices; each row takes the next prompt as "
+                     "soon as its answer ends (continuous batching). 0: as many per device as its memory holds "
+                     "beside the target (8 where a device reports no memory, as CPUs).", flag_values=FLAGS)
 flags.DEFINE_integer("devices", 0, "Local devices the batch is split over (0: all of them); each decodes its "
                      "share of the prompts with its own copy of the weights.", flag_values=FLAGS)
 flags.DEFINE_integer("tensor_parallel", 1, "Local devices the target's heads, MLP width and vocabulary are split "

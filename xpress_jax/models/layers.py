@@ -89,6 +89,11 @@ class RowOrder:
         perm = (2, 0, 1, 3) if self.heads_first else (0, 2, 1, 3)
         return jnp.transpose(x, perm).reshape(batch * kv_heads, seq, head_dim)
 
+    def sequence_rows(self, b: jax.Array, batch: int, kv_heads: int) -> jax.Array:
+        """The rows [kv_heads] that hold sequence `b` (a traced index) of a batch of `batch`."""
+        h = jnp.arange(kv_heads, dtype=jnp.int32)
+        return h * batch + b if self.heads_first else b * kv_heads + h
+
     def per_row(self, values: jax.Array, kv_heads: int) -> jax.Array:
         """Per-sequence values [batch] -> one per row [batch * kv_heads]."""
         return jnp.tile(values, kv_heads) if self.heads_first else jnp.repeat(values, kv_heads)

@@ -136,6 +136,17 @@ class KVCache:
             return write_at(rows, chosen, row_start, axis=1)
         return self.replace(k=tuple(move(c) for c in self.k), v=tuple(move(c) for c in self.v))
 
+    def put_sequence(self, b: jax.Array, one: "KVCache") -> "KVCache":
+        """This cache with sequence `b` (a traced index) replaced by `one`, a cache of one sequence
+        and as many slots (continuous batching: a finished row takes the next prompt)."""
+        batch = self.lengths.shape[0]
+
+        def put(rows, new):  # new: [kv_heads, max_len, head_dim], the one sequence's rows
+            return rows.at[self.ORDER.sequence_rows(b, batch, new.shape[0])].set(new.astype(rows.dtype))
+        return KVCache(k=tuple(put(r, n) for r, n in zip(self.k, one.k)),
+                       v=tuple(put(r, n) for r, n in zip(self.v, one.v)),
+                       lengths=self.lengths.at[b].set(one.lengths[0]))
+
     @classmethod
     def rows(cls, x: jax.Array) -> jax.Array:
         """New keys or values [batch, t, kv_heads, head_dim] as rows in the cache's order."""

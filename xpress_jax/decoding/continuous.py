@@ -1,0 +1,169 @@
+"""Continuous batching for greedy target-only decoding (regeneration): `rows` sequences of KV
+cache serve a queue of prompts inside one jitted `lax.while_loop`. A row whose answer ends takes
+the next prompt at once (prefilled into that row), so no row waits for the longest answer of its
+batch as in a static batch, where a finished row decodes padding until every row is done.
+
+Each prompt is prefilled alone ([1, padded], the same `prefill` the static loop runs) and every
+step decodes one token for every row through the same one-token verification pass, so the
+tokens are those of static greedy decoding (tested). Rows without a prompt still compute (static
+shapes); `Served.slots` counts them, so `useful / slots` is the share of decode work that made
+answer tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from xpress_jax.decoding.devices import AXIS, batch_mesh, replicate
+from xpress_jax.decoding.padding import PROMPT_BUCKET, pad_prompts, round_up
+from xpress_jax.decoding.speculative import PAD, _is_stop, prefill, verify_block
+from xpress_jax.errors import InputError
+from xpress_jax.models.qwen3 import KVCache, Qwen3
+
+
+class Served(NamedTuple):
+    tokens: list[list[int]]  # each prompt's answer, in queue order
+    steps: int  # decode steps (every row decodes one token per step), summed over devices
+    slots: int  # steps x rows: the decode work done
+    useful: int  # answer tokens those steps made (each answer's first token comes from its prefill)
+
+
+def _serve_loop(graphdef, state, queue, queue_lens, count, stop_ids, max_new, *, rows: int, capacity: int,
+                max_len: int, chunk: int):
+    """queue [n, padded], queue_lens [n]: the first `count` prompts are served by `rows` rows.
+    -> (answers [n, capacity] padded with PAD, lengths [n], decode steps, useful decode tokens)."""
+    target = nnx.merge(graphdef, state)
+    n = queue.shape[0]
+    answers = jnp.full((n, capacity), PAD, jnp.int32)
+    lengths = jnp.zeros((n,), jnp.int32)
+    cache = KVCache.init(target.cfg, rows, max_len, target.dtype)
+    serving = jnp.full((rows,), n, jnp.int32)  # the queue index a row serves (n: none; writes are dropped)
+    n_out = jnp.zeros((rows,), jnp.int32)
+    last = jnp.zeros((rows,), jnp.int32)
+    active = jnp.zeros((rows,), bool)
+
+    def admit(carry):
+        """The first free row takes the next prompt: its prefill, its first token."""
+        cache, serving, n_out, last, active, answers, lengths, nxt = carry
+        r = jnp.argmin(active)  # a free row (False sorts first)
+        logits, one, _ = prefill(target, None, queue[nxt][None], queue_lens[nxt][None], max_len, chunk)
+        first = jnp.argmax(logits[0, 0], -1).astype(jnp.int32)
+        ends = _is_stop(first, stop_ids) | (max_new <= 1)
+        return (cache.put_sequence(r, one), serving.at[r].set(nxt), n_out.at[r].set(1), last.at[r].set(first),
+                active.at[r].set(~ends), answers.at[nxt, 0].set(first), lengths.at[nxt].set(1), nxt + 1)
+
+    def can_admit(carry):
+        active, nxt = carry[4], carry[7]
+        return (nxt < count) & ~jnp.all(active)
+
+    def step(carry):
+        *inner, steps, useful = carry
+        cache, serving, n_out, last, active, answers, lengths, nxt = jax.lax.while_loop(can_admit, admit,
+                                                                                         tuple(inner))
+        out = verify_block(target, cache, last, jnp.zeros((rows, 0), jnp.int32), ())  # one token per row
+        tok = jnp.argmax(out.logits[:, 0], -1).astype(jnp.int32)  # [rows]
+        cache = out.cache.rollback(cache.lengths + active)  # an idle row's write is discarded
+        where = jnp.where(active, serving, n)  # idle rows write out of bounds: dropped
+        answers = answers.at[where, jnp.minimum(n_out, capacity - 1)].set(tok, mode="drop")
+        n_out = n_out + active
+        lengths = lengths.at[where].set(n_out, mode="drop")
+        last = jnp.where(active, tok, last)
+        useful = useful + jnp.sum(active)
+        was_active = active  # a step after admissions that all ended at their first token decodes nothing
+        active = active & ~_is_stop(tok, stop_ids) & (n_out < max_new)
+        return cache, serving, n_out, last, active, answers, lengths, nxt, steps + jnp.any(was_active), useful
+
+    def going(carry):
+        return jnp.any(carry[4]) | (carry[7] < count)
+
+    zero = jnp.int32(0)
+    init = (cache, serving, n_out, last, active, answers, lengths, zero, zero, zero)
+    *_, answers, lengths, _, steps, useful = jax.lax.while_loop(going, step, init)
+    return answers, lengths, steps[None], useful[None]
+
+
+_serve = jax.jit(_serve_loop, static_argnames=("graphdef", "rows", "capacity", "max_len", "chunk"))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "rows", "capacity", "max_len", "chunk", "mesh"))
+def _serve_split(graphdef, state, queue, queue_lens, counts, stop_ids, max_new, *, rows, capacity, max_len, chunk,
+                 mesh):
+    """Each device of `mesh` serves its contiguous share of the queue (its first counts[d] prompts)
+    with `rows` rows of its own."""
+    def local(state, queue, queue_lens, count, stop_ids, max_new):
+        return _serve_loop(graphdef, state, queue, queue_lens, count[0], stop_ids, max_new, rows=rows,
+                           capacity=capacity, max_len=max_len, chunk=chunk)
+    split = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS), P(), P()), out_specs=P(AXIS),
+                          check_vma=False)  # each device's loop ends when its own queue is served
+    return split(state, queue, queue_lens, counts, stop_ids, max_new)
+
+
+def serve_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, rows: int, max_new_tokens: int,
+                 stop_ids: Sequence[int] = (), devices: int = 1, prefill_chunk: int = 512,
+                 queue_multiple: int = 64) -> Served:
+    """Greedy answers to `prompts` from `rows` rows per device, each row taking the next prompt
+    as soon as its answer ends. The queue is padded to a multiple of `queue_multiple` per device
+    (never served), prompts to their bucket, so a run compiles once per bucket and queue size."""
+    if rows < 1 or max_new_tokens < 1:
+        raise InputError(f"rows and max_new_tokens must be >= 1, got {rows} and {max_new_tokens}")
+    mesh = batch_mesh(devices)
+    ids, lens = pad_prompts(prompts, multiple=PROMPT_BUCKET, chunk=prefill_chunk)
+    if ids.max() >= target.cfg.vocab_size or ids.min() < 0:
+        raise InputError(f"prompt token ids must lie in [0, {target.cfg.vocab_size}), got {ids.min()}..{ids.max()}")
+    count = len(prompts)
+    # contiguous shares per device, dealt round-robin first so each gets a mix of the queue
+    order = np.concatenate([np.arange(d, count, devices) for d in range(devices)])
+    share = round_up(-(-count // devices), queue_multiple)
+    queue = np.zeros((devices * share, ids.shape[1]), np.int32)
+    queue_lens = np.ones((devices * share,), np.int32)
+    at = np.concatenate([np.arange(len(range(d, count, devices))) + d * share for d in range(devices)])
+    queue[at], queue_lens[at] = ids[order], lens[order]
+    max_len = ids.shape[1] + max_new_tokens + 1
+    graphdef, state = nnx.split(target)
+    statics = dict(rows=rows, capacity=max_new_tokens, max_len=max_len, chunk=prefill_chunk)
+    args = (jnp.asarray(queue), jnp.asarray(queue_lens))
+    rest = (jnp.asarray(list(stop_ids), jnp.int32), jnp.int32(max_new_tokens))
+    if mesh is None:
+        answers, lengths, steps, useful = _serve(graphdef, state, *args, jnp.int32(count), *rest, **statics)
+    else:
+        counts = jnp.asarray([len(range(d, count, devices)) for d in range(devices)], jnp.int32)
+        answers, lengths, steps, useful = _serve_split(graphdef, replicate(state, mesh), *args, counts, *rest,
+                                                       mesh=mesh, **statics)
+    answers, lengths = np.asarray(answers), np.asarray(lengths)
+    tokens = [None] * count
+    for i, slot in zip(order, at):
+        tokens[i] = answers[slot, :lengths[slot]].tolist()
+    return Served(tokens=tokens, steps=int(np.sum(steps)), slots=int(np.sum(steps)) * rows,
+                  useful=int(np.sum(useful)))
+
+
+DEFAULT_ROWS = 8  # per device, where the device does not report its memory (CPUs)
+MAX_ROWS = 256
+
+
+def rows_that_fit(target: Qwen3, max_len: int, device=None, fraction: float = 0.8) -> int:
+    """Rows of `max_len` cache slots one device holds beside the target's weights, within `fraction`
+    of the memory it reports (a multiple of 8 from 8 on, at most MAX_ROWS); DEFAULT_ROWS where it
+    reports none. Per row: the keys and values of every layer, and the step's float32 logits."""
+    device = device or jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if not limit:
+        return DEFAULT_ROWS
+    cfg = target.cfg
+    weights = sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(nnx.state(target)))
+    per_row = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * max_len
+               * jnp.dtype(target.dtype).itemsize + 4 * cfg.vocab_size)
+    rows = int((fraction * limit - weights) // per_row)
+    rows = rows // 8 * 8 if rows >= 8 else rows
+    if rows < 1:
+        raise InputError(f"the target ({weights / 2**30:.1f} GiB) and one row of {max_len} cache slots do not fit in "
+                         f"{fraction:.0%} of the device's {limit / 2**30:.1f} GiB; split the target (--tensor_parallel)")
+    return min(rows, MAX_ROWS)
