@@ -17,15 +17,18 @@ def suite(target, prompts: list[list[int]], stop_ids, *, max_new_tokens: int, ba
     models = SpecModels(target)
 
     def static(rows: int):
-        """Today's regeneration: batches of `rows` prompts, each decoding until its longest answer ends."""
-        tokens, steps, useful = [], 0, 0
+        """Static batches of `rows` prompts: each device's loop decodes its rows of the batch until its
+        longest answer ends (a short last batch is padded with copies of its first prompt)."""
+        tokens, slots, useful = [], 0, 0
+        per_device = rows // devices
         for start in range(0, len(prompts), rows):
             out = generate(models, prompts[start:start + rows], decoder="target", max_new_tokens=max_new_tokens,
                            stop_ids=stop_ids, pad_multiple=64, devices=devices, min_rows=rows)
             tokens += out.tokens
-            steps += int(out.stats["steps"].max())  # the batch's loop runs until its last row is done
+            steps = list(out.stats["steps"]) + [out.stats["steps"][0]] * (rows - len(out.tokens))
+            slots += int(sum(max(steps[d:d + per_device]) for d in range(0, rows, per_device))) * per_device
             useful += int(out.stats["committed"].sum())
-        return tokens, steps * rows, useful
+        return tokens, slots, useful
 
     def continuous(rows: int):
         out = serve_greedy(target, prompts, rows=rows // devices, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
