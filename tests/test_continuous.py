@@ -25,7 +25,7 @@ def tiny():
     questions = [q for pair in zip(load_questions("gsm8k", 5), load_questions("alpaca", 5)) for q in pair]
     prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
     stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    static = generate(SpecModels(target), prompts, decoder="target", max_new_tokens=96, stop_ids=stops,
+    static = generate(SpecModels(target), prompts, decoder="target", max_new_tokens=64, stop_ids=stops,
                       pad_multiple=64)
     return target, prompts, stops, static
 
@@ -33,8 +33,8 @@ def tiny():
 def test_continuous_batching_gives_static_greedy_tokens_with_less_idle_work(tiny):
     target, prompts, stops, static = tiny
     lengths = sorted(len(t) for t in static.tokens)
-    assert lengths[0] < lengths[-1] == 96  # mixed: some answers end early, some run to the budget
-    served = serve_greedy(target, prompts, rows=3, max_new_tokens=96, stop_ids=stops)
+    assert lengths[0] < lengths[-1] == 64  # mixed: some answers end early, some run to the budget
+    served = serve_greedy(target, prompts, rows=3, max_new_tokens=64, stop_ids=stops)
     assert served.tokens == static.tokens
     assert served.useful == sum(len(t) - 1 for t in static.tokens)  # first tokens come from the prefills
     # static batches of 3 decode until each batch's longest answer ends
@@ -46,7 +46,7 @@ def test_edge_cases_one_token_budgets_and_more_rows_than_prompts(tiny):
     target, prompts, stops, static = tiny
     one = serve_greedy(target, prompts[:4], rows=2, max_new_tokens=1, stop_ids=stops)
     assert one.tokens == [t[:1] for t in static.tokens[:4]] and one.steps == 0
-    wide = serve_greedy(target, prompts[:2], rows=5, max_new_tokens=96, stop_ids=stops)
+    wide = serve_greedy(target, prompts[:2], rows=5, max_new_tokens=64, stop_ids=stops)
     assert wide.tokens == static.tokens[:2]
     with pytest.raises(InputError, match="rows and max_new_tokens must be >= 1"):
         serve_greedy(target, prompts, rows=0, max_new_tokens=8)
@@ -55,7 +55,7 @@ def test_edge_cases_one_token_budgets_and_more_rows_than_prompts(tiny):
 def test_four_devices_each_serve_their_share_with_the_same_tokens(tiny):
     target, prompts, stops, static = tiny
     assert jax.local_device_count() >= 4
-    served = serve_greedy(target, prompts, rows=2, max_new_tokens=96, stop_ids=stops, devices=4)
+    served = serve_greedy(target, prompts, rows=2, max_new_tokens=64, stop_ids=stops, devices=4)
     assert served.tokens == static.tokens
 
 
