@@ -440,10 +440,12 @@ def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
     assert report["lossless"] is False and report["mismatches"] >= 1, report
 
 
-def test_the_papers_protocol_runs_on_the_tiny_target_at_both_temperatures(tmp_path, monkeypatch):
+def test_the_papers_protocol_runs_on_the_tiny_target(tmp_path, monkeypatch):
     """configs/paper_eval.py with the shipped tiny target standing in for Qwen3-8B, at reduced
     lengths: the eight benchmarks from their published files (bench/NAME), every decoder, XPress's
-    iteration sweep and D-Loop at K = 1 and 4, each lossless at T = 0; then its T = 1 pass."""
+    iteration sweep and D-Loop at K = 1 and 4, each lossless at T = 0. (Its T = 1 pass is the same
+    command with --temperature=1, parsed with the README's commands in test_launch.py; sampling
+    itself is tested in test_speculative.py and test_dloop.py.)"""
     import shutil
     from cli_helpers import ROOT
     from xpress_jax import assets
@@ -473,8 +475,3 @@ def test_the_papers_protocol_runs_on_the_tiny_target_at_both_temperatures(tmp_pa
         assert all(r["lossless"] is True for label, r in rows.items() if label != "target"), ds
         assert set(report["iteration_sweep"][ds]["xpress"]) == {"1", "2", "4", "8"}
     assert report["published_target"] is None  # the tiny target: no published figures beside it
-    r = invoke("xpress_jax.eval", *common, f"--checkpoints=dloop={ckpt}", "--temperature=1", "--out=t1")
-    assert r.returncode == 0, r.stderr[-3000:]  # D-Loop, the paper that reports T = 1
-    report = json.loads((tmp_path / "t1" / "results.json").read_text())
-    assert report["settings"]["temperature"] == 1.0 and set(report["results"]["aime2025"]) == {
-        "target", "dloop", "dloop.b4"}
