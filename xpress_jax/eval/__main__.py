@@ -10,8 +10,9 @@ r"""Measure acceptance length and speedup of each head on benchmark questions.
 
 Writes OUT/results.json (schema in the README), OUT/results.md, OUT/acceptance.png and, with the
 xpress head, OUT/tau_vs_iterations.png. Speedup is tokens/s over target-only decoding of the same prompts
-in the same run. Without a tokenizer in the target directory, prompts are byte-level
-(`data/byte_tokenizer.py`; smoke runs with random weights only).
+in the same run. Without a target directory (random weights, a smoke run), prompts are byte-level
+(`data/byte_tokenizer.py`); a target directory without its tokenizer files is refused.
+`--config=configs/paper_eval.py` runs the papers' protocol (docs/evaluation.md).
 """
 
 from __future__ import annotations
