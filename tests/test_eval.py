@@ -469,7 +469,8 @@ def test_the_papers_protocol_runs_on_the_tiny_target(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "t0" / "results.json").read_text())
     assert list(report["results"]) == list(PUBLISHED)
     s = report["settings"]
-    assert (s["batch_size"], s["temperature"], s["iteration_sweep"], s["dloop_branches"]) == (1, 0.0, [1, 2, 4, 8], [1, 4])
+    assert (s["batch_size"], s["temperature"], s["iteration_sweep"], s["dloop_branches"]) == (
+        1, 0.0, [1, 2, 4, 8], [1, 4])
     for ds, rows in report["results"].items():
         assert set(rows) == {"target", "dflash", "markov", "gru", "xpress", "dloop", "dloop.b4"}, ds
         assert all(r["lossless"] is True for label, r in rows.items() if label != "target"), ds

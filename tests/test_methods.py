@@ -97,7 +97,8 @@ def test_a_head_registered_in_a_test_file_trains_exports_and_evaluates(tmp_path,
 
     export = tmp_path / "run" / "export"
     recorded = json.loads((export / "heads" / "echo.config.json").read_text())
-    assert recorded["echo_rank"] == 6 and recorded["head"] == "echo" and (export / "heads" / "echo.safetensors").is_file()
+    assert recorded["echo_rank"] == 6 and recorded["head"] == "echo"
+    assert (export / "heads" / "echo.safetensors").is_file()
 
     math500 = os.path.join(os.path.dirname(__file__), "data", "benchmarks", "math500")  # its published schema
     s = dataclasses.replace(EvalSettings.from_config(config.eval), datasets=(f"math500={math500}",), num_prompts=2,

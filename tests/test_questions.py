@@ -62,8 +62,10 @@ def test_the_readers_ask_as_their_benchmarks_do():
     lcb = load_published("livecodebench", os.path.join(FIXTURES, "livecodebench"))
     assert "Given two integers A and B" in lcb[0] and "Read the inputs from stdin" in lcb[0]  # no starter code
     assert "class Solution:" in lcb[1] and "starter code" in lcb[1]
-    assert load_published("alpaca", os.path.join(FIXTURES, "alpaca"))[1] == "Translate the sentence into French.\n\nThe cat sleeps."
-    assert load_published("mbpp", os.path.join(FIXTURES, "mbpp_full", "mbpp.jsonl")) == ["Write a function to reverse a string."]
+    alpaca = load_published("alpaca", os.path.join(FIXTURES, "alpaca"))
+    assert alpaca[1] == "Translate the sentence into French.\n\nThe cat sleeps."
+    mbpp = load_published("mbpp", os.path.join(FIXTURES, "mbpp_full", "mbpp.jsonl"))
+    assert mbpp == ["Write a function to reverse a string."]
     assert dataset_label("math500=/data/MATH-500/test.jsonl") == "math500" and dataset_label("gsm8k") == "gsm8k"
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 from xpress_jax.models.drafter import DrafterConfig
 from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
-from xpress_jax.train.losses import xpress_terms
+from xpress_jax.train.losses import teacher_forced, xpress_terms
 
 # how a head turns the drafter's logits s into a block (decoding/refine.py; no head: argmax s)
 SERIAL, JACOBI = "serial", "jacobi"
@@ -63,7 +63,6 @@ class HeadSpec:
 
     def loss_terms(self, head, batch) -> dict:
         """{term: (weighted sum, weight sum)} over a losses.HeadBatch (and `sim_tau_*` metrics)."""
-        from xpress_jax.train.losses import teacher_forced
         terms = (self.loss or teacher_forced(next(iter(self.loss_weights))))(head, batch)
         unknown = sorted(k for k in terms if k not in self.loss_weights and not k.startswith("sim_tau"))
         if unknown:
@@ -86,7 +85,8 @@ def register_head(name: str, spec: HeadSpec, decoder: bool = True) -> None:
     size or loss term another head already declares must keep that head's default."""
     if name in HEADS or name in DECODERS:
         raise ValueError(f"a head or decoder named {name!r} is already registered")
-    for what, mine, theirs in (("size", spec.sizes, head_size_defaults()), ("loss term", spec.loss_weights, head_loss_weights())):
+    for what, mine, theirs in (("size", spec.sizes, head_size_defaults()),
+                               ("loss term", spec.loss_weights, head_loss_weights())):
         clash = {k: (v, theirs[k]) for k, v in mine.items() if k in theirs and theirs[k] != v}
         if clash:
             raise ValueError(f"head {name!r}: {what} defaults {clash} differ from those already registered")

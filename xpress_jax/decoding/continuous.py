@@ -38,11 +38,10 @@ class Served(NamedTuple):
 def _serve_loop(graphdef, state, queue, queue_lens, count, stop_ids, max_new, *, rows: int, capacity: int,
                 max_len: int, chunk: int):
     """queue [n, padded], queue_lens [n]: the first `count` prompts are served by `rows` rows.
-    -> (answers [n, capacity] padded with PAD, lengths [n], decode steps, useful decode tokens)."""
+    -> (answers [n, capacity] padded with PAD, decode steps, useful decode tokens)."""
     target = nnx.merge(graphdef, state)
     n = queue.shape[0]
-    answers = jnp.full((n, capacity), PAD, jnp.int32)
-    lengths = jnp.zeros((n,), jnp.int32)
+    answers = jnp.full((n, capacity), PAD, jnp.int32)  # an answer's length is its count of non-PAD tokens
     cache = KVCache.init(target.cfg, rows, max_len, target.dtype)
     serving = jnp.full((rows,), n, jnp.int32)  # the queue index a row serves (n: none; writes are dropped)
     n_out = jnp.zeros((rows,), jnp.int32)
@@ -51,42 +50,40 @@ def _serve_loop(graphdef, state, queue, queue_lens, count, stop_ids, max_new, *,
 
     def admit(carry):
         """The first free row takes the next prompt: its prefill, its first token."""
-        cache, serving, n_out, last, active, answers, lengths, nxt = carry
+        cache, serving, n_out, last, active, answers, nxt = carry
         r = jnp.argmin(active)  # a free row (False sorts first)
         logits, one, _ = prefill(target, None, queue[nxt][None], queue_lens[nxt][None], max_len, chunk)
         first = jnp.argmax(logits[0, 0], -1).astype(jnp.int32)
         ends = _is_stop(first, stop_ids) | (max_new <= 1)
         return (cache.put_sequence(r, one), serving.at[r].set(nxt), n_out.at[r].set(1), last.at[r].set(first),
-                active.at[r].set(~ends), answers.at[nxt, 0].set(first), lengths.at[nxt].set(1), nxt + 1)
+                active.at[r].set(~ends), answers.at[nxt, 0].set(first), nxt + 1)
 
     def can_admit(carry):
-        active, nxt = carry[4], carry[7]
+        active, nxt = carry[4], carry[6]
         return (nxt < count) & ~jnp.all(active)
 
     def step(carry):
         *inner, steps, useful = carry
-        cache, serving, n_out, last, active, answers, lengths, nxt = jax.lax.while_loop(can_admit, admit,
-                                                                                         tuple(inner))
+        cache, serving, n_out, last, active, answers, nxt = jax.lax.while_loop(can_admit, admit, tuple(inner))
         out = verify_block(target, cache, last, jnp.zeros((rows, 0), jnp.int32), ())  # one token per row
         tok = jnp.argmax(out.logits[:, 0], -1).astype(jnp.int32)  # [rows]
         cache = out.cache.rollback(cache.lengths + active)  # an idle row's write is discarded
         where = jnp.where(active, serving, n)  # idle rows write out of bounds: dropped
         answers = answers.at[where, jnp.minimum(n_out, capacity - 1)].set(tok, mode="drop")
         n_out = n_out + active
-        lengths = lengths.at[where].set(n_out, mode="drop")
         last = jnp.where(active, tok, last)
         useful = useful + jnp.sum(active)
         was_active = active  # a step after admissions that all ended at their first token decodes nothing
         active = active & ~_is_stop(tok, stop_ids) & (n_out < max_new)
-        return cache, serving, n_out, last, active, answers, lengths, nxt, steps + jnp.any(was_active), useful
+        return cache, serving, n_out, last, active, answers, nxt, steps + jnp.any(was_active), useful
 
     def going(carry):
-        return jnp.any(carry[4]) | (carry[7] < count)
+        return jnp.any(carry[4]) | (carry[6] < count)
 
     zero = jnp.int32(0)
-    init = (cache, serving, n_out, last, active, answers, lengths, zero, zero, zero)
-    *_, answers, lengths, _, steps, useful = jax.lax.while_loop(going, step, init)
-    return answers, lengths, steps[None], useful[None]
+    init = (cache, serving, n_out, last, active, answers, zero, zero, zero)
+    *_, answers, _, steps, useful = jax.lax.while_loop(going, step, init)
+    return answers, steps[None], useful[None]
 
 
 _serve = jax.jit(_serve_loop, static_argnames=("graphdef", "rows", "capacity", "max_len", "chunk"))
@@ -120,10 +117,11 @@ def serve_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, rows: int, 
     count = len(prompts)
     # contiguous shares per device, dealt round-robin first so each gets a mix of the queue
     order = np.concatenate([np.arange(d, count, devices) for d in range(devices)])
-    share = round_up(-(-count // devices), queue_multiple)
+    sizes = [len(range(d, count, devices)) for d in range(devices)]  # prompts per device
+    share = round_up(max(sizes), queue_multiple)
     queue = np.zeros((devices * share, ids.shape[1]), np.int32)
     queue_lens = np.ones((devices * share,), np.int32)
-    at = np.concatenate([np.arange(len(range(d, count, devices))) + d * share for d in range(devices)])
+    at = np.concatenate([np.arange(size) + d * share for d, size in enumerate(sizes)])
     queue[at], queue_lens[at] = ids[order], lens[order]
     max_len = ids.shape[1] + max_new_tokens + 1
     graphdef, state = nnx.split(target)
@@ -131,15 +129,14 @@ def serve_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, rows: int, 
     args = (jnp.asarray(queue), jnp.asarray(queue_lens))
     rest = (jnp.asarray(list(stop_ids), jnp.int32), jnp.int32(max_new_tokens))
     if mesh is None:
-        answers, lengths, steps, useful = _serve(graphdef, state, *args, jnp.int32(count), *rest, **statics)
+        answers, steps, useful = _serve(graphdef, state, *args, jnp.int32(count), *rest, **statics)
     else:
-        counts = jnp.asarray([len(range(d, count, devices)) for d in range(devices)], jnp.int32)
-        answers, lengths, steps, useful = _serve_split(graphdef, replicate(state, mesh), *args, counts, *rest,
-                                                       mesh=mesh, **statics)
-    answers, lengths = np.asarray(answers), np.asarray(lengths)
+        answers, steps, useful = _serve_split(graphdef, replicate(state, mesh), *args, jnp.asarray(sizes, jnp.int32),
+                                              *rest, mesh=mesh, **statics)
+    answers = np.asarray(answers)
     tokens = [None] * count
     for i, slot in zip(order, at):
-        tokens[i] = answers[slot, :lengths[slot]].tolist()
+        tokens[i] = answers[slot][answers[slot] != PAD].tolist()
     return Served(tokens=tokens, steps=int(np.sum(steps)), slots=int(np.sum(steps)) * rows,
                   useful=int(np.sum(useful)))
 

@@ -91,7 +91,5 @@ def write_outputs(report: dict, out_dir: str) -> None:
     if sweep:
         reference = {ds: {h: r["tau"] for h, r in v.items() if h != "target" and h not in sweep.get(ds, {})}
                      for ds, v in results.items()}  # the methods without a sweep, as flat lines
-        plateau = next((f.value for f in published_figures(report)
-                        if f.method == "xpress" and f.metric == "tau_vs_markov" and f.dataset == published.MEAN), None)
         plots.tau_against_iterations(sweep, reference, os.path.join(out_dir, "tau_vs_iterations.png"),
-                                     published_plateau=plateau)
+                                     published_plateau=published.xpress_plateau(published_figures(report)))

@@ -61,6 +61,12 @@ FIGURES: tuple[Figure, ...] = (
 XPRESS_PLATEAU_FROM_K = 7
 
 
+def xpress_plateau(found: list[Figure]) -> float | None:
+    """XPress's mean tau over the Markov head's at its plateau, among `found`, or None."""
+    return next((f.value for f in found if f.method == "xpress" and f.metric == "tau_vs_markov"
+                 and f.dataset == MEAN), None)
+
+
 def target_name(cfg) -> str | None:
     """The published model a target's shape is (a Qwen3Config), or None."""
     return TARGETS.get((cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size))
