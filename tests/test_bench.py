@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from cli_helpers import ROOT, invoke, run
+from cli_helpers import ROOT, invoke
 from xpress_jax.bench import costs
 
 SMALL = costs.Shapes(batch=2, n=5, vocab=300, hidden=32, rank=8, gru_hidden=8, proj_dim=8, weight_bytes=4)
@@ -173,8 +173,8 @@ def test_decode_suite_reports_every_decoder_against_target_only(tmp_path):
     from xpress_jax.bench.decode import VARIANTS
     tiny = os.path.join(ROOT, "configs", "tiny.py")
     new_tokens = 128  # x 3 repetitions: the loop outweighs the noise of a loaded machine (2 test workers)
-    r = run("xpress_jax.bench", "--suite=decode", f"--decode_config={tiny}", "--contexts=16", "--batches=1",
-            f"--decode_tokens={new_tokens}", "--reps=3", f"--out={tmp_path}", timeout=900)
+    r = invoke("xpress_jax.bench", "--suite=decode", f"--decode_config={tiny}", "--contexts=16", "--batches=1",
+               f"--decode_tokens={new_tokens}", "--reps=3", f"--out={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     with open(tmp_path / "decode.json") as f:
         result = json.load(f)

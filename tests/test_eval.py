@@ -28,10 +28,10 @@ def eval_run(tmp_path_factory):
     for name, head in heads.items():
         save_head(head, str(ckpt), name)
     out = tmp_path / "eval"
-    r = run("xpress_jax.eval", f"--checkpoint={ckpt}", "--decoders=dflash,markov,xpress,dloop+xpress",
-            "--dloop_branches=2", "--datasets=gsm8k", "--num_prompts=2", "--max_new_tokens=5",
-            "--check_lossless", "--config.eval.lossless_reference=verify_pass", f"--out={out}",
-            "--config.eval.iteration_sweep=(1, 3)", timeout=900)
+    r = invoke("xpress_jax.eval", f"--checkpoint={ckpt}", "--decoders=dflash,markov,xpress,dloop+xpress",
+               "--dloop_branches=2", "--datasets=gsm8k", "--num_prompts=2", "--max_new_tokens=5",
+               "--check_lossless", "--config.eval.lossless_reference=verify_pass", f"--out={out}",
+               "--config.eval.iteration_sweep=(1, 3)")
     assert r.returncode == 0, r.stderr[-3000:]
     return ckpt, out, json.loads((out / "results.json").read_text())
 

@@ -85,24 +85,30 @@ def test_every_method_is_evaluated_at_temperature_1(smoke_run):
     assert t1["settings"]["temperature"] == 1.0 and set(t1["results"]["gsm8k"]) == {"target", *LABELS}
 
 
-def test_the_speed_passes_verify_the_first_two_drafts_and_stay_lossless(smoke_run):
-    out, _ = smoke_run
-    for name in ("T0_v2", "T1_v2"):
-        report = read_json(out / "eval" / name / "results.json")
-        assert report["settings"]["verify_tokens"] == 2 and not report["iteration_sweep"]
-        assert set(report["results"]["gsm8k"]) == {"target", *LABELS}
-        for label in LABELS:
-            row = report["results"]["gsm8k"][label]
-            assert row["lossless"] is (True if name == "T0_v2" else None)
-            assert 1 <= row["tau"] <= 3 and not any(row["accept_per_position"][2:])
-    assert "### temperature 0, the target verifying the first 2 drafts of each block" in (out / "table.md").read_text()
+def test_the_speed_passes_follow_every_temperature_and_verify_the_first_m_drafts():
+    """configs/tiny_repro.py's eval passes (the smoke run has none of the speed ones): each
+    temperature with whole blocks, then again with the target verifying each block's first m
+    drafts, the iteration sweep and candidate mode only at T = 0 with whole blocks."""
+    from xpress_jax import cli
+    from xpress_jax.reproduce.results import pass_title
+    from xpress_jax.reproduce.stages import eval_passes
+    config = cli.with_overrides(os.path.join(ROOT, "configs", "tiny_repro.py"))
+    m = config.reproduce.speed_verify_tokens
+    passes = dict(eval_passes(config, "run"))
+    assert list(passes) == ["T0", "T1", f"T0_v{m}", f"T1_v{m}"] and m > 0
+    for name, s in passes.items():
+        assert (s.temperature, s.verify_tokens) == (float(name[1]), m if "_v" in name else 0), name
+        assert s.out_dir == os.path.join("run", "eval", name)
+        assert bool(s.iteration_sweep) == bool(s.candidate_k) == (name == "T0"), name
+    assert passes["T0"].iteration_sweep == tuple(config.eval.iteration_sweep)
+    assert pass_title(f"T1_v{m}") == f"temperature 1, the target verifying the first {m} drafts of each block"
 
 
 def test_the_results_record_every_stages_time_and_every_eval(smoke_run):
     out, _ = smoke_run
     results = read_json(out / "results.json")
     assert set(results["stage_seconds"]) == {"target", "regen", *STAGES, "eval"}
-    assert set(results["eval"]) == {"T0", "T1", "T0_v2", "T1_v2"}
+    assert set(results["eval"]) == {"T0", "T1"}
 
 
 def test_every_method_is_paired_with_the_same_budget_drafter(smoke_run):
@@ -139,10 +145,10 @@ def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stderr.count("done already") == len(STAGES) + 3 and "running" not in r.stderr
     assert set(os.listdir(published)) == {"results.json", "table.md", "T0_acceptance.png", "T0_tau_vs_iterations.png",
-                                          "T1_acceptance.png", "T0_v2_acceptance.png", "T1_v2_acceptance.png"}
+                                          "T1_acceptance.png"}
     assert (published / "table.md").read_text() == (out / "table.md").read_text()
     published_results = json.loads((published / "results.json").read_text())
-    assert published_results["target"]["val_loss"] > 0 and set(published_results["eval"]) == {"T0", "T1", "T0_v2", "T1_v2"}
+    assert published_results["target"]["val_loss"] > 0 and set(published_results["eval"]) == {"T0", "T1"}
 
 
 def test_the_exported_target_loads_in_transformers_and_passes_logit_check(smoke_run):

@@ -235,6 +235,21 @@ def test_an_iteration_sweep_runs_one_program():
     assert _decode._cache_size() == before + 1
 
 
+def test_a_warm_up_runs_the_full_calls_program_for_one_token():
+    """generate(warm_up=True), as eval does before timing: the program the full call then runs
+    (no second compile), with a one-token budget."""
+    from xpress_jax.decoding.speculative import _decode
+    models = random_models("markov", seed=5)
+    prompts = [[3, 9, 4, 11], [7, 1]]
+    before = _decode._cache_size()
+    warm = generate(models, prompts, decoder="markov", max_new_tokens=20, warm_up=True)
+    compiled = _decode._cache_size()
+    full = generate(models, prompts, decoder="markov", max_new_tokens=20)
+    assert compiled <= before + 1 and _decode._cache_size() == compiled
+    assert warm.tokens == [t[:1] for t in full.tokens] and all(len(t) == 20 for t in full.tokens)
+    assert (warm.stats["steps"] == 0).all() and (full.stats["steps"] > 0).all()
+
+
 def test_answers_of_the_recipes_length_are_lossless_after_a_2000_token_prompt():
     """The 8B recipe's lengths: a 2,000-token prompt (prefilled in chunks of 512) and 2,048 new
     tokens through a cache of 4,112 slots. The counting target's drafts are (nearly) all accepted,

@@ -308,7 +308,8 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
 def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
              settings: DecodeSettings | None = None, max_len: int | None = None, pad_multiple: int = 1,
-             reject_drafts: bool = False, devices: int = 1, min_rows: int = 0, **knobs) -> Generation:
+             reject_drafts: bool = False, devices: int = 1, min_rows: int = 0, warm_up: bool = False,
+             **knobs) -> Generation:
     """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
     temperature > 0 is speculative sampling, lossless in distribution. `settings` (or its fields as
     keyword arguments: max_iters, early_stop, top_k, branches) are the decoder's knobs.
@@ -318,7 +319,9 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
     greedy output is the same; sampling draws from a key per device. Prompts are padded to their
     bucket (`bucket_length`, with `pad_multiple`), and the batch to at least `min_rows` rows with
     copies of prompt 0, so a run's batches share a few compiled programs; calls with one max_len
-    share a program whatever their max_new_tokens and max_iters (both are traced)."""
+    share a program whatever their max_new_tokens and max_iters (both are traced). warm_up: compiles
+    the program of this call and runs it with a one-token budget (the prefill's token, no
+    verification step), so a timed call after it runs compiled without the batch decoded twice."""
     check_compatible(models, decoder)
     mesh, split = batch_mesh(devices), target_mesh(models)
     if mesh is not None and split is not None:
@@ -353,7 +356,7 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
                          settings=dataclasses.replace(settings, max_iters=TRACED), reject_drafts=reject_drafts)
     graphdef, state = nnx.split(models)
     args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
-            jnp.float32(temperature if temperature > 0 else 1.0), jnp.int32(max_new_tokens),
+            jnp.float32(temperature if temperature > 0 else 1.0), jnp.int32(1 if warm_up else max_new_tokens),
             jnp.int32(settings.max_iters))
     rows = len(prompts)
     extra = [0] * (round_up(max(rows, min_rows), mesh.size if mesh is not None else 1) - rows)

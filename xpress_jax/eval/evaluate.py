@@ -117,7 +117,7 @@ def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: i
     kw = dict(decoder=decoder, max_new_tokens=s.max_new_tokens, temperature=s.temperature, seed=s.seed,
               settings=s.decode(branches).for_decoder(decoder), pad_multiple=pad, stop_ids=stop_ids,
               reject_drafts=reject_drafts)
-    generate(models, prompts[:s.batch_size], **kw)  # compile outside the timing
+    generate(models, prompts[:s.batch_size], warm_up=True, **kw)  # compile outside the timing
     tokens, rows, seconds = [], [], 0.0
     for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr):
         t0 = time.perf_counter()
