@@ -148,6 +148,25 @@ def test_a_sigterm_to_one_of_two_processes_saves_one_step_on_both():
     assert checkpoint_steps(out_dir)[-1] == finals[0]["step"]  # (Orbax also saves a run's first step)
 
 
+def test_the_result_lines_of_processes_sharing_a_console_stay_whole():
+    """Every process of a run prints its result line to the console they share. Under
+    PYTHONUNBUFFERED, print() writes the newline on its own, and two processes that end together
+    can mix their lines ({...}{...}). cli.print_line writes each line whole: two processes printing
+    2,000 lines each at once give 4,000 lines that all parse."""
+    script = ("import json, sys; from xpress_jax.cli import print_line\n"
+              "for i in range(2000): print_line(json.dumps({'process': sys.argv[1], 'i': i, 'pad': 'x' * 200}))")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
+    read, write = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(p)], cwd=ROOT, env=env, stdout=write)
+             for p in range(2)]
+    os.close(write)
+    with os.fdopen(read) as f:
+        lines = f.read().splitlines()
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    rows = [json.loads(line) for line in lines]
+    assert len(rows) == 4000 and {r["process"] for r in rows} == {"0", "1"}
+
+
 def test_the_readmes_real_target_commands_parse_with_every_flag_and_config_key():
     """Each command of the README's "On a real Qwen3 target" block, shell variables expanded, parses
     with that command's own flags and config file: no unknown flag, key or bad value."""

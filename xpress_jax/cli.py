@@ -145,6 +145,14 @@ def _refuse(message: str) -> int:
     return 2
 
 
+def print_line(text: str) -> None:
+    """`text` and its newline in one write: the processes of a multi-process run share a console,
+    and under PYTHONUNBUFFERED print() writes the newline separately, so two processes ending
+    together would mix their lines (a pipe keeps a write of under 4 KiB whole)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def quiet_console() -> None:
     """The console shows warnings and errors (progress bars and results are printed, not logged);
     XPRESS_LOG_LEVEL=INFO brings the library INFO lines (absl, Orbax, ours) back to it."""

@@ -43,7 +43,7 @@ def main(config):
         report = dry_run(config, progress=so_far, overridden=cli.config_overrides(FLAGS))
         if FLAGS.dry_run_out:
             atomic.write_json(FLAGS.dry_run_out, {**report, "complete": True})
-        print(json.dumps(report))
+        cli.print_line(json.dumps(report))
         return
     if not (os.environ.get("XPRESS_COORDINATOR") or config.train.distributed):
         from xpress_jax.train.setup import refuse_uneven_mesh
@@ -52,8 +52,8 @@ def main(config):
         refuse_uneven_mesh(config)
     cli.log_to_file(os.path.join(config.train.out_dir, "log.txt"))  # library INFO lines, off the console
     result = train(config, overridden=cli.config_overrides(FLAGS))
-    print(json.dumps({"step": result["step"], **{k: v for k, v in result["metrics"].items()
-                                                 if not isinstance(v, list)}}))
+    cli.print_line(json.dumps({"step": result["step"], **{k: v for k, v in result["metrics"].items()
+                                                          if not isinstance(v, list)}}))
 
 
 if __name__ == "__main__":
