@@ -9,6 +9,7 @@ import numpy as np
 from flax import nnx
 from scipy import stats
 
+from compiled import jit_call
 from xpress_jax.decoding.speculative import SpecModels
 from xpress_jax.methods import DECODERS, HEADS, head_of
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
@@ -106,9 +107,9 @@ def zero_logit_models(block=BLOCK):
 def exact_first_two(target, prompt, temperature):
     """P(t1, t2) of the target: [vocab, vocab]."""
     vocab = target.cfg.vocab_size
-    p1 = jax.nn.softmax(target(jnp.asarray([prompt])).logits[0, -1] / temperature)
+    p1 = jax.nn.softmax(jit_call(target, jnp.asarray([prompt])).logits[0, -1] / temperature)
     seqs = jnp.asarray([prompt + [t] for t in range(vocab)])
-    p2 = jax.nn.softmax(target(seqs).logits[:, -1] / temperature, axis=-1)
+    p2 = jax.nn.softmax(jit_call(target, seqs).logits[:, -1] / temperature, axis=-1)
     return np.asarray(p1[:, None] * p2, np.float64)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from compiled import jit_call
 from spec_fixtures import random_models
 from xpress_jax.decoding.devices import batch_mesh, decode_batch_split, replicate
 from xpress_jax.decoding.settings import DecodeSettings
@@ -153,4 +154,5 @@ def test_a_tensor_split_target_loads_shard_by_shard(tmp_path, monkeypatch):
     assert len(peak) == 8 and max(peak.values()) <= total / 8 + one_layer, (peak, total, one_layer)
     whole = build_target(config)
     tokens = jnp.asarray([[1, 2, 3, 4, 5]])
-    np.testing.assert_allclose(np.asarray(target(tokens).logits), np.asarray(whole(tokens).logits), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(jit_call(target, tokens).logits), np.asarray(jit_call(whole, tokens).logits),
+                               atol=1e-5)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from compiled import jit_call
 from spec_fixtures import chi_square_p, exact_first_two, random_models, redraw, zero_logit_models
 from xpress_jax.decoding.dloop import (branch_inputs, branch_layout, loop_draft, prefix_scores, select_prefixes,
                                       verify_branches)
@@ -70,7 +71,7 @@ def test_full_acceptance_with_branches():
 def _prefilled(models, prompt):
     target = models.target
     cache = KVCache.init(target.cfg, 1, 64)
-    out = target(jnp.asarray([prompt]), cache=cache)
+    out = jit_call(target, jnp.asarray([prompt]), cache=cache)
     return out.cache, int(jnp.argmax(out.logits[0, -1]))
 
 
@@ -83,14 +84,15 @@ def test_each_branch_sees_only_itself():
 
     def logits(d):
         tokens = jnp.concatenate([jnp.full((1, 3, 1), last), d], axis=2).reshape(1, 3 * BLOCK)
-        return target(tokens, cache=cache, block_offsets=offsets, block_mask=mask).logits.reshape(1, 3, BLOCK, -1)
+        return jit_call(target, tokens, cache=cache, block_offsets=offsets, block_mask=mask).logits.reshape(
+            1, 3, BLOCK, -1)
 
     joint = logits(drafts)
     changed = logits(drafts.at[0, 1].set((drafts[0, 1] + 1) % target.cfg.vocab_size))
     np.testing.assert_array_equal(np.asarray(joint[:, [0, 2]]), np.asarray(changed[:, [0, 2]]))
     assert not np.allclose(joint[:, 1, 1:], changed[:, 1, 1:])
     for j in range(3):  # a branch's logits equal a single-branch verification of it
-        alone = target(jnp.concatenate([jnp.asarray([[last]]), drafts[:, j]], axis=1), cache=cache).logits
+        alone = jit_call(target, jnp.concatenate([jnp.asarray([[last]]), drafts[:, j]], axis=1), cache=cache).logits
         np.testing.assert_allclose(joint[:, j], alone, atol=1e-5)
 
 
@@ -109,7 +111,8 @@ def test_state_after_multi_branch_verification_equals_direct_decoding():
                                             temperature=1.0, greedy=True, tap_layers=taps)
     assert (int(branch[0]), int(acc[0]), int(nxt[0])) == (2, n, greedy[BLOCK])
     kept = out.cache.rollback(cache.lengths + acc + 1)
-    direct = target(jnp.asarray([prompt + greedy[:BLOCK]]), cache=KVCache.init(target.cfg, 1, 64), tap_layers=taps)
+    direct = jit_call(target, jnp.asarray([prompt + greedy[:BLOCK]]), cache=KVCache.init(target.cfg, 1, 64),
+                      tap_layers=taps)
     used = len(prompt) + BLOCK
     for a, b in zip(kept.k + kept.v, direct.cache.k + direct.cache.v):
         np.testing.assert_allclose(a[:, :used], b[:, :used], atol=1e-5)  # [batch * kv_heads, slots, head_dim]

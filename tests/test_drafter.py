@@ -13,6 +13,7 @@ import transformers
 from dflash import model as dflash_model  # the official PyTorch drafter (PyPI dflash 0.1.0)
 from flax import nnx
 
+from compiled import jit_call
 from xpress_jax.checkpoints.hf_drafter import load_drafter, save_drafter
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.drafter import (ContextCache, DFlashDrafter, DrafterConfig, block_inputs,
@@ -61,7 +62,7 @@ def test_parity_with_official_dflash(tmp_path, ctx):
         ref_logits = ref_model.compute_logits(ref_hidden[:, 1:], lambda x: x @ lm_head.T).numpy()
     cache = ours.extend_context(ContextCache.init(ours.cfg, 2, 32),
                                 jnp.asarray(feats.numpy()).reshape(2, ctx, N_FEAT, HIDDEN))
-    hidden = ours(jnp.asarray(noise.numpy()), cache)
+    hidden = jit_call(ours, jnp.asarray(noise.numpy()), cache)
     logits = np.asarray(hidden[:, 1:] @ jnp.asarray(lm_head.numpy()).T)
     np.testing.assert_allclose(np.asarray(hidden), ref_hidden.numpy(), atol=1e-4, rtol=0)
     np.testing.assert_allclose(logits, ref_logits, atol=1e-4, rtol=0)
@@ -100,16 +101,17 @@ def test_training_mode_equals_inference_per_block(tmp_path):
     taps = jax.random.normal(keys[0], (2, seq, n_feat, cfg.hidden_size))
     anchors = jnp.array([[0, 3, 7, 11], [2, 5, 5, 9]])  # repeated and edge anchors too
     embeds = jax.random.normal(keys[1], (2, 4, block, cfg.hidden_size))
-    trained = drafter.train_blocks(taps, embeds, anchors)  # [2, 4, B, hidden]
-    np.testing.assert_allclose(np.asarray(scanned.train_blocks(taps, embeds, anchors)), np.asarray(trained),
+    trained = jit_call(drafter, taps, embeds, anchors, method="train_blocks")  # [2, 4, B, hidden]
+    np.testing.assert_allclose(np.asarray(jit_call(scanned, taps, embeds, anchors, method="train_blocks")),
+                               np.asarray(trained),
                                atol=1e-5, rtol=0)
     for b in range(2):
         for a in range(4):
             p = int(anchors[b, a])
             cache = ContextCache.init(cfg, 1, 32)
             if p:
-                cache = drafter.extend_context(cache, taps[b:b + 1, :p])
-            alone = drafter(embeds[b:b + 1, a], cache)
+                cache = jit_call(drafter, cache, taps[b:b + 1, :p], method="extend_context")
+            alone = jit_call(drafter, embeds[b:b + 1, a], cache)
             np.testing.assert_allclose(np.asarray(trained[b, a]), np.asarray(alone[0]), atol=1e-5, rtol=0)
 
 
@@ -122,13 +124,13 @@ def test_block_sparse_mask_sees_exactly_context_before_anchor_and_own_block():
     taps = jax.random.normal(keys[0], (1, seq, len(cfg.target_layer_ids), cfg.hidden_size))
     embeds = jax.random.normal(keys[1], (1, 3, block, cfg.hidden_size))
     anchors = jnp.array([[2, 5, 8]])
-    base = drafter.train_blocks(taps, embeds, anchors)
+    base = jit_call(drafter, taps, embeds, anchors, method="train_blocks")
     changed = lambda out: np.abs(np.asarray(out - base)).max(axis=(0, 2, 3)) > 1e-6  # noqa: E731  per block
     # context position 5: visible to the block anchored at 8 only (5 < 8), not to the one at 5 (strictly before)
-    poked = drafter.train_blocks(taps.at[:, 5].add(1.0), embeds, anchors)
+    poked = jit_call(drafter, taps.at[:, 5].add(1.0), embeds, anchors, method="train_blocks")
     assert changed(poked).tolist() == [False, False, True]
     # block 1's own tokens: no other block sees them
-    poked = drafter.train_blocks(taps, embeds.at[:, 1, 2].add(1.0), anchors)
+    poked = jit_call(drafter, taps, embeds.at[:, 1, 2].add(1.0), anchors, method="train_blocks")
     assert changed(poked).tolist() == [False, True, False]
 
 

@@ -29,6 +29,26 @@ def test_each_platform_gets_its_kernel_where_the_shapes_allow_it():
         kernels.causal_attention(*(jnp.zeros((1, 8, 2, 8), jnp.bfloat16),) * 3, CUDNN, offset=4)
 
 
+def test_a_splash_kernel_built_inside_one_trace_serves_the_next():
+    """The kernel is cached per shape; built while a jitted pass is traced (training's step, say),
+    its mask tables are constants, not that trace's values, so a second trace (a backward pass, a
+    second program at the same lengths) can use it."""
+    kernels._splash_kernel.cache_clear()
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 128, 2, 8))  # [batch, seq, heads, head_dim] each
+
+    def attend(q, k, v):
+        return kernels.causal_attention(q, k, v, SPLASH)
+
+    with lowering_for("tpu", interpret=True):
+        forward = jax.jit(attend)(q, k, v)
+        grad = jax.jit(jax.grad(lambda q: attend(q, k, v).sum()))(q)
+    scores = jnp.einsum("bthd,bshd->bhts", q, k) * 8 ** -0.5
+    causal = jnp.tril(jnp.ones((128, 128), bool))
+    expected = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), -1), v)
+    np.testing.assert_allclose(np.asarray(forward), np.asarray(expected), atol=1e-5)
+    assert np.isfinite(np.asarray(grad)).all() and np.abs(np.asarray(grad)).max() > 0
+
+
 @pytest.mark.parametrize("mesh_shape, kv_heads", [((1, 4, 2), 2), ((2, 1, 4), 1)],
                          ids=["fsdp-tensor", "data-tensor-mqa"])
 def test_splash_on_a_mesh_runs_per_device_and_equals_the_einsum_path(tmp_path, mesh_shape, kv_heads):

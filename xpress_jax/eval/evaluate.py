@@ -13,6 +13,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from tqdm import tqdm
 
 from xpress_jax.data.questions import dataset_label, load_dataset_entry
@@ -150,6 +151,19 @@ def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_para
     return target, models
 
 
+@nnx.jit
+def _last_position_logits(target, ids, length):  # [1, padded] int32, [] int32 -> [vocab] float32
+    return target(ids).logits[0, length - 1].astype(jnp.float32)
+
+
+def _next_logits(target, sequence: list[int]) -> jax.Array:
+    """The target's logits after `sequence` [vocab], from one compiled forward pass per 64-token
+    length bucket (the pass is causal: padding after the sequence leaves its last position alone)."""
+    ids = np.zeros((1, -(-len(sequence) // 64) * 64), np.int32)
+    ids[0, :len(sequence)] = sequence
+    return _last_position_logits(target, jnp.asarray(ids), jnp.int32(len(sequence)))
+
+
 def lossless_check(target, prompts, tokens, base_tokens) -> dict:
     """A method's greedy outputs against a target-only reference's: how many prompts differ, their
     share, and for each the first differing position with the target's logit margin there (top-1
@@ -162,8 +176,7 @@ def lossless_check(target, prompts, tokens, base_tokens) -> dict:
         if mine == theirs:
             continue
         position = next((j for j, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-        logits = target(jnp.asarray([list(prompts[i]) + list(theirs[:position])])).logits[0, -1]  # [vocab]
-        top2 = jax.lax.top_k(logits.astype(jnp.float32), 2)[0]
+        top2 = jax.lax.top_k(_next_logits(target, list(prompts[i]) + list(theirs[:position])), 2)[0]
         divergences.append({"prompt": i, "position": position, "target_margin": float(top2[0] - top2[1])})
     return {"mismatches": len(divergences), "mismatch_rate": len(divergences) / max(len(tokens), 1),
             "lossless": not divergences, "first_divergences": divergences}

@@ -95,7 +95,10 @@ def _splash_kernel(group: int, q_len: int, kv_len: int, offset: int, interpret: 
     bq, bkv = _block(q_len), _block(kv_len)
     sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
                           block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
-    return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+    # built from constants even when first asked for inside a trace: the cached kernel holds its
+    # mask tables as arrays, and a table made under one jit would be a leaked tracer in the next
+    with jax.ensure_compile_time_eval():
+        return sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
 def _splash(q, k, v, offset: int):
