@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from train_helpers import checkpoint_steps, final_params, override_args, train_config, wait_for_checkpoint
 from xpress_jax.errors import CheckpointError, ConfigError, DataError
@@ -253,7 +254,7 @@ def test_xpress_training_does_not_count_the_drafter_ce_twice(tmp_path):
     for with_ce in (False, True):
         s = dataclasses.replace(LossSettings.from_config(config.train), num_anchors=6, anchor_chunk=3,
                                 dflash_ce_with_heads=with_ce)
-        total, m = compute_loss(model, target, ids, mask, jax.random.key(3), s)
+        total, m = nnx.jit(compute_loss, static_argnums=5)(model, target, ids, mask, jax.random.key(3), s)
         expect = sum(float(m[k]) for k in xpress_terms) + (float(m["loss/dflash_ce"]) if with_ce else 0.0)
         assert float(total) == pytest.approx(expect, rel=1e-5)
         assert float(m["loss/dflash_ce"]) > 0
@@ -330,7 +331,6 @@ def test_a_frozen_drafter_is_not_differentiated(tmp_path):
 
 
 def nnx_abstract_markov(setup):
-    from flax import nnx
     from xpress_jax.train.state import merge
     return nnx.eval_shape(lambda: merge(setup.graphdef, setup.params).markov)
 
