@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from compiled import jit_call
 from xpress_jax.data.bpe import MASK_TOKEN, SPECIALS, train_bpe
 from xpress_jax.data.chat import conversation_to_ids, load_tokenizer, prompt_ids, render
 from xpress_jax.data.corpus import CODE_INSTRUCTION, build_corpus, is_validation, stdlib_code_records
@@ -84,8 +85,8 @@ def test_next_token_loss_matches_numpy():
     ids = rng.integers(0, 40, (2, 9)).astype(np.int32)
     mask = np.ones_like(ids, bool)
     mask[1, 6:] = False
-    loss, count = next_token_loss(model, jnp.asarray(ids), jnp.asarray(mask))
-    logits = np.asarray(model(jnp.asarray(ids[:, :-1])).logits, np.float64)
+    loss, count = nnx.jit(next_token_loss)(model, jnp.asarray(ids), jnp.asarray(mask))
+    logits = np.asarray(jit_call(model, jnp.asarray(ids[:, :-1])).logits, np.float64)
     logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
         - logits.max(-1, keepdims=True)
     nll = -np.take_along_axis(logp, ids[:, 1:, None], -1)[..., 0]
