@@ -20,7 +20,7 @@ from xpress_jax.data.questions import dataset_label, load_dataset_entry
 from xpress_jax.report.published import target_name as published_target_name
 from xpress_jax.decoding.profile import component_times
 from xpress_jax.decoding.devices import place_on_tensor_mesh, tensor_mesh
-from xpress_jax.decoding.padding import shared_length
+from xpress_jax.decoding.padding import PROMPT_BUCKET, round_up, shared_length
 from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import InputError
 from xpress_jax.eval.candidates import candidate_mode_agreement
@@ -157,9 +157,9 @@ def _last_position_logits(target, ids, length):  # [1, padded] int32, [] int32 -
 
 
 def _next_logits(target, sequence: list[int]) -> jax.Array:
-    """The target's logits after `sequence` [vocab], from one compiled forward pass per 64-token
-    length bucket (the pass is causal: padding after the sequence leaves its last position alone)."""
-    ids = np.zeros((1, -(-len(sequence) // 64) * 64), np.int32)
+    """The target's logits after `sequence` [vocab], from one compiled forward pass per prompt
+    bucket length (the pass is causal: padding after the sequence leaves its last position alone)."""
+    ids = np.zeros((1, round_up(len(sequence), PROMPT_BUCKET)), np.int32)
     ids[0, :len(sequence)] = sequence
     return _last_position_logits(target, jnp.asarray(ids), jnp.int32(len(sequence)))
 
