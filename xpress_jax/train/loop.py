@@ -26,6 +26,7 @@ from tqdm import tqdm
 from xpress_jax.errors import CheckpointError, XpressError
 from xpress_jax.train.checkpointer import Checkpointer
 from xpress_jax.train.distributed import process_sum
+from xpress_jax.train.tensorboard import ScalarWriter
 
 log = logging.getLogger("xpress_jax.train")
 
@@ -49,8 +50,7 @@ class MetricsLog:
             return
         os.makedirs(out_dir, exist_ok=True)
         self.jsonl = open(os.path.join(out_dir, "log.jsonl"), "a")
-        from tensorboardX import SummaryWriter
-        self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
+        self.tb = ScalarWriter(os.path.join(out_dir, "tb"))
 
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
