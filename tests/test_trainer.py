@@ -174,21 +174,21 @@ def tensorboard_scalars(log_dir) -> dict:
     from tensorboardX.proto.event_pb2 import Event
     from tensorboardX.record_writer import masked_crc32c as masked
 
-    scalars, versions = {}, []
+    scalars = {}
     for path in sorted(log_dir.glob("events.out.tfevents.*")):
-        data, at = path.read_bytes(), 0
+        data, at, events = path.read_bytes(), 0, []
         while at < len(data):
             length = data[at:at + 8]
             (n,), (length_crc,) = struct.unpack("<Q", length), struct.unpack("<I", data[at + 8:at + 12])
             payload = data[at + 12:at + 12 + n]
             (payload_crc,) = struct.unpack("<I", data[at + 12 + n:at + 16 + n])
             assert length_crc == masked(length) and payload_crc == masked(payload), (path, at)
-            event = Event.FromString(payload)
-            versions += [event.file_version] if event.file_version else []
+            events.append(Event.FromString(payload))
+            at += 16 + n
+        assert events[0].file_version == "brain.Event:2", path  # each file opens with its format version
+        for event in events[1:]:
             for v in event.summary.value:
                 scalars[v.tag, event.step] = v.simple_value
-            at += 16 + n
-    assert versions == ["brain.Event:2"]
     return scalars
 
 

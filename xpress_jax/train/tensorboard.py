@@ -8,6 +8,7 @@ framing (length, masked CRC-32C of the length, payload, masked CRC-32C of the pa
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -72,6 +73,9 @@ def event(wall_time: float, step: int, *, file_version: str | None = None,
     return out
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 class ScalarWriter:
     """Appends scalars to one event file in `log_dir`, which TensorBoard reads as a run."""
 
@@ -82,7 +86,10 @@ class ScalarWriter:
         self.file.write(tfrecord(event(time.time(), 0, file_version="brain.Event:2")))
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        self.file.write(tfrecord(event(time.time(), step, scalar=(tag, float(value)))))
+        value = float(value)
+        if abs(value) > _FLOAT32_MAX and math.isfinite(value):  # beyond float32: its infinity, as numpy casts
+            value = math.copysign(math.inf, value)
+        self.file.write(tfrecord(event(time.time(), step, scalar=(tag, value))))
 
     def flush(self) -> None:
         self.file.flush()
