@@ -167,6 +167,19 @@ def test_a_few_hundred_steps_lower_the_loss_and_raise_acceptance(tmp_path):
                     assert scalars[tag, row["step"]] == pytest.approx(float(v), rel=1e-6, abs=1e-30), (tag, row["step"])
 
 
+def test_tensorboard_values_read_back_as_numpy_casts_them_to_float32(tmp_path):
+    from xpress_jax.train.tensorboard import ScalarWriter
+    values = [1.25, 1e39, -1e39, 3.4028235e38 * 1.0000000001, float("nan"), 7]
+    writer = ScalarWriter(str(tmp_path))
+    for step, value in enumerate(values):
+        writer.add_scalar("value", value, step)
+    writer.close()
+    scalars = tensorboard_scalars(tmp_path)
+    with np.errstate(over="ignore"):
+        for step, value in enumerate(values):
+            np.testing.assert_equal(scalars["value", step], np.float32(value))
+
+
 def tensorboard_scalars(log_dir) -> dict:
     """{(tag, step): value} from the event files, read with tensorboardX's Event proto and its
     masked CRC-32C (another implementation than the writer's), every record's checksums checked."""

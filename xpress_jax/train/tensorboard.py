@@ -59,6 +59,13 @@ def _length_delimited(field: int, payload: bytes) -> bytes:
     return _varint(field << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _float32(value: float) -> bytes:
+    try:
+        return struct.pack("<f", value)
+    except OverflowError:  # beyond float32's range: its infinity, as numpy casts
+        return struct.pack("<f", math.copysign(math.inf, value))
+
+
 def event(wall_time: float, step: int, *, file_version: str | None = None,
           scalar: tuple[str, float] | None = None) -> bytes:
     """An `Event` proto: wall_time (field 1, double), step (2, int64), and file_version (3) or a
@@ -68,12 +75,9 @@ def event(wall_time: float, step: int, *, file_version: str | None = None,
         out += _length_delimited(3, file_version.encode())
     if scalar is not None:
         tag, value = scalar
-        summary_value = _length_delimited(1, tag.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", value)
+        summary_value = _length_delimited(1, tag.encode()) + _varint(2 << 3 | 5) + _float32(value)
         out += _length_delimited(5, _length_delimited(1, summary_value))
     return out
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 class ScalarWriter:
@@ -86,10 +90,7 @@ class ScalarWriter:
         self.file.write(tfrecord(event(time.time(), 0, file_version="brain.Event:2")))
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        value = float(value)
-        if abs(value) > _FLOAT32_MAX and math.isfinite(value):  # beyond float32: its infinity, as numpy casts
-            value = math.copysign(math.inf, value)
-        self.file.write(tfrecord(event(time.time(), step, scalar=(tag, value))))
+        self.file.write(tfrecord(event(time.time(), step, scalar=(tag, float(value)))))
 
     def flush(self) -> None:
         self.file.flush()
