@@ -32,7 +32,8 @@
 # step's scaling table on 8 simulated devices after one timed step of each tiny variant, parity
 # only collects its tests, and e2e runs as it does on the device (the shipped tiny checkpoints,
 # fewer prompts). benchmarks/cpu/gpu-dry-run/ records a whole --dry_run on this CPU;
-# GPU_SH_TINY=1 runs every stage at the tiny config's shapes instead (the test suite's plumbing check). The exit code is 1 if a stage
+# GPU_SH_TINY=1 runs every stage at the tiny config's shapes instead (the test suite's plumbing check;
+# GPU_SH_LIMIT_SCALE=N multiplies every stage limit: the suite sets 4, its CPU shared by other tests). The exit code is 1 if a stage
 # failed or timed out.
 set -uo pipefail
 dry_run=0
@@ -77,6 +78,7 @@ stage() {
     echo "gpu.sh: $name skipped, the ${budget} s budget is spent" >&2
     return
   fi
+  limit=$((limit * ${GPU_SH_LIMIT_SCALE:-1}))
   [ "$limit" -gt "$left" ] && limit=$left
   t0=$SECONDS
   timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1

@@ -51,7 +51,8 @@ def test_roofline_verdict_follows_the_peaks():
 def run_gpu_script(out, budget_s=None):
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XPRESS_TEST_XLA_FLAGS", ""),
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-           "GPU_SH_TINY": "1"}  # every stage at tiny shapes; at 8B shapes: benchmarks/cpu/gpu-dry-run/
+           "GPU_SH_TINY": "1",  # every stage at tiny shapes; at 8B shapes: benchmarks/cpu/gpu-dry-run/
+           "GPU_SH_LIMIT_SCALE": "4"}  # the accelerator's stage limits, on a CPU that other tests share
     if budget_s is not None:
         env["GPU_SH_BUDGET_S"] = str(budget_s)
     r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu.sh"), "--dry_run", str(out)], cwd=ROOT,
