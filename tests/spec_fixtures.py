@@ -20,7 +20,7 @@ BLOCK = 4
 
 
 def target_config(vocab=48, hidden=16):
-    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=24, num_hidden_layers=3,
+    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=24, num_hidden_layers=2,
                        num_attention_heads=2, num_key_value_heads=1, head_dim=8, rope_theta=10_000.0)
 
 
@@ -50,7 +50,8 @@ def make_head(decoder, cfg: DrafterConfig, seed):
 def random_models(head="dflash", seed=0, vocab=48, block=BLOCK):
     tcfg = target_config(vocab)
     target = redraw(Qwen3(tcfg, rngs=nnx.Rngs(seed)), seed)
-    dcfg = DrafterConfig.from_target(tcfg, num_layers=2, block_size=block, mask_token_id=vocab - 1)
+    dcfg = DrafterConfig.from_target(tcfg, num_layers=2, target_layer_ids=(1, 0), block_size=block,
+                                     mask_token_id=vocab - 1)
     drafter = redraw(DFlashDrafter(dcfg, rngs=nnx.Rngs(seed + 1)), seed + 1)
     return SpecModels(target, drafter, make_head(head, dcfg, seed + 2))
 

@@ -130,7 +130,7 @@ def test_first_step_stats_report_the_kept_prefix_and_the_one_pass_block(std):
     """One verification step: the stats' kept prefix, empty-prefix count and one-pass repeats equal
     those of the draft the engine's own pieces make from the prefilled state."""
     models = random_models("dflash", seed=0, block=BLOCK)
-    target, drafter = redraw(models.target, 11, std=std), models.drafter  # peaked: some prefixes are kept
+    target, drafter = redraw(models.target, 12, std=std), models.drafter  # peaked: some prefixes are kept
     out = generate(models, PROMPTS, decoder="dloop", max_new_tokens=2)  # the first token, then one step
     assert out.stats["steps"].tolist() == [1, 1, 1]
     for i, prompt in enumerate(PROMPTS):

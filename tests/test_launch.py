@@ -112,6 +112,7 @@ def test_two_processes_agree_and_resume_bitwise_after_sigkill(tmp_path):
     assert step_a == step_b == 12
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert os.path.isfile(tmp_path / "straight" / "export" / "model.safetensors")
     # the two shards' positions differ (the filter drops different records), so a resume that
     # gave every process the first one's position would read other data
     assert len(positions) == 2 and positions[0] != positions[1], positions
