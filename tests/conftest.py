@@ -76,12 +76,14 @@ def qwen3_tokenizer_dir(tmp_path_factory):
     return build_qwen3_tokenizer(str(tmp_path_factory.mktemp("qwen3_tokenizer")))
 
 
-# The files with the longest runs start first, longest first, so that under `-n 2 --dist loadfile`
-# the short ones fill the tail of the run and the two workers end together (the smoke
-# reproduction alone takes one to two minutes). xdist would order files by their number of tests.
+# Files start longest first, so that under `-n 2 --dist loadfile` the short ones fill the tail of
+# the run and the two workers end together (the smoke reproduction alone takes one to two
+# minutes); files not named here take under 5 s. xdist would order files by their number of tests.
 SLOW_FILES_FIRST = ("test_trainer.py", "test_reproduce.py", "test_bench.py", "test_eval.py", "test_speculative.py",
                     "test_qwen3.py", "test_dloop.py", "test_launch.py", "test_verify_tokens.py", "test_validation.py",
-                    "test_notebook.py", "test_decode_devices.py")
+                    "test_notebook.py", "test_decode_devices.py", "test_tools.py", "test_loop_copies.py",
+                    "test_jacobi.py", "test_drafter.py", "test_continuous.py", "test_losses.py", "test_kernels.py",
+                    "test_export.py", "test_heads.py", "test_methods.py", "test_checkpoints.py", "test_pretrain.py")
 
 
 def pytest_configure(config):
