@@ -32,9 +32,9 @@
 # step's scaling table on 8 simulated devices after one timed step of each tiny variant, parity
 # only collects its tests, and e2e runs as it does on the device (the shipped tiny checkpoints,
 # fewer prompts). benchmarks/cpu/gpu-dry-run/ records a whole --dry_run on this CPU;
-# GPU_SH_TINY=1 runs every stage at the tiny config's shapes instead (the test suite's plumbing check;
-# GPU_SH_LIMIT_SCALE=N multiplies every stage limit: the suite sets 4, its CPU shared by other tests). The exit code is 1 if a stage
-# failed or timed out.
+# GPU_SH_TINY=1 runs every stage at the tiny config's shapes instead (the test suite's plumbing
+# check); GPU_SH_LIMIT_SCALE=N multiplies every stage limit (the suite sets 4: its CPU is shared
+# with other tests). The exit code is 1 if a stage failed or timed out.
 set -uo pipefail
 dry_run=0
 if [ "${1:-}" = "--dry_run" ]; then dry_run=1; shift; fi
