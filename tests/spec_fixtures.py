@@ -17,6 +17,9 @@ from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
 
 BLOCK = 4
+# One cache size for the decode tests' calls: a decode loop compiles once per cache size, and its
+# token budget is traced, so calls with other budgets and their target-only references share it.
+SLOTS = 64
 
 
 def target_config(vocab=48, hidden=16):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from compiled import jit_call
-from spec_fixtures import chi_square_p, exact_first_two, random_models, redraw, zero_logit_models
+from spec_fixtures import SLOTS, chi_square_p, exact_first_two, random_models, redraw, zero_logit_models
 from xpress_jax.decoding.dloop import (branch_inputs, branch_layout, loop_draft, prefix_scores, select_prefixes,
                                       verify_branches)
 from xpress_jax.decoding.settings import DecodeSettings
@@ -46,24 +46,24 @@ def test_branch_inputs_keep_the_prefix_and_mask_the_suffix():
                                                        ("dloop", 4, 3), ("dloop+xpress", 2, 3)])
 def test_greedy_equals_target_only(decoder, branches, batch):
     models = random_models("xpress" if decoder == "dloop+xpress" else "dflash", seed=batch, block=BLOCK)
-    ref = target_only(models, PROMPTS[:batch], max_new_tokens=13)  # 13: not a multiple of the block
-    out = generate(models, PROMPTS[:batch], decoder=decoder, branches=branches, max_new_tokens=13)
+    ref = target_only(models, PROMPTS[:batch], max_new_tokens=13, max_len=SLOTS)  # 13: not a multiple of the block
+    out = generate(models, PROMPTS[:batch], decoder=decoder, branches=branches, max_new_tokens=13, max_len=SLOTS)
     assert out.tokens == ref.tokens
     assert all(len(t) == 13 for t in out.tokens)
 
 
 def test_greedy_stops_on_stop_token_like_target_only():
     models = random_models("dflash", seed=7, block=BLOCK)
-    stop = target_only(models, PROMPTS, max_new_tokens=14).tokens[0][3]
-    ref = target_only(models, PROMPTS, max_new_tokens=14, stop_ids=[stop])
-    out = generate(models, PROMPTS, decoder="dloop", branches=4, max_new_tokens=14, stop_ids=[stop])
+    stop = target_only(models, PROMPTS, max_new_tokens=14, max_len=SLOTS).tokens[0][3]
+    ref = target_only(models, PROMPTS, max_new_tokens=14, max_len=SLOTS, stop_ids=[stop])
+    out = generate(models, PROMPTS, decoder="dloop", branches=4, max_new_tokens=14, max_len=SLOTS, stop_ids=[stop])
     assert out.tokens == ref.tokens and out.stopped == ref.stopped and out.stopped[0]
 
 
 def test_full_acceptance_with_branches():
     models = zero_logit_models(block=BLOCK)  # every branch is all zeros and the target wants zeros
-    out = generate(models, PROMPTS, decoder="dloop", branches=3, max_new_tokens=17)
-    assert out.tokens == target_only(models, PROMPTS, max_new_tokens=17).tokens
+    out = generate(models, PROMPTS, decoder="dloop", branches=3, max_new_tokens=17, max_len=SLOTS)
+    assert out.tokens == target_only(models, PROMPTS, max_new_tokens=17, max_len=SLOTS).tokens
     assert out.stats["steps"].tolist() == [2, 2, 2]  # 1 from prefill + 8 + 8
     assert (out.stats["accepted_at"] == out.stats["steps"][:, None]).all()
 
@@ -101,7 +101,8 @@ def test_state_after_multi_branch_verification_equals_direct_decoding():
     target, drafter, n = models.target, models.drafter, BLOCK - 1
     taps = drafter.cfg.target_layer_ids
     prompt = PROMPTS[0]
-    greedy = target_only(models, [prompt], max_new_tokens=BLOCK + 1).tokens[0]  # last, then its continuation
+    # the prefill's token (`last` below), then its continuation
+    greedy = target_only(models, [prompt], max_new_tokens=BLOCK + 1, max_len=SLOTS).tokens[0]
     cache, last = _prefilled(models, prompt)
     assert last == greedy[0]
     right = jnp.asarray(greedy[1:BLOCK])
@@ -131,7 +132,7 @@ def test_first_step_stats_report_the_kept_prefix_and_the_one_pass_block(std):
     those of the draft the engine's own pieces make from the prefilled state."""
     models = random_models("dflash", seed=0, block=BLOCK)
     target, drafter = redraw(models.target, 12, std=std), models.drafter  # peaked: some prefixes are kept
-    out = generate(models, PROMPTS, decoder="dloop", max_new_tokens=2)  # the first token, then one step
+    out = generate(models, PROMPTS, decoder="dloop", max_new_tokens=2, max_len=SLOTS)  # the first token, then one step
     assert out.stats["steps"].tolist() == [1, 1, 1]
     for i, prompt in enumerate(PROMPTS):
         ids = jnp.asarray([prompt])
@@ -149,7 +150,7 @@ def test_first_step_stats_report_the_kept_prefix_and_the_one_pass_block(std):
 
 def test_one_pass_decoders_report_no_prefix_and_their_drafters_repeats():
     models = random_models("markov", seed=2, block=BLOCK)
-    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=13)
+    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=13, max_len=SLOTS)
     assert (out.stats["drafter_repeats"] == out.stats["draft_repeats"]).all()  # the block is the drafter's
     assert not out.stats["prefix_kept"].any() and not out.stats["empty_prefix"].any()
 

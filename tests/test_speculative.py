@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from spec_fixtures import BLOCK, chi_square_p, counting_models, exact_first_two, random_models, zero_logit_models
+from spec_fixtures import (BLOCK, SLOTS, chi_square_p, counting_models, exact_first_two, random_models,
+                           zero_logit_models)
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import ConfigError, InputError
@@ -27,8 +28,8 @@ def test_greedy_equals_target_only_random_models(decoder, options, batch):
     models = random_models(decoder, seed=batch)
     prompts = PROMPTS[:batch]
     for max_new in (11, 8):  # 11 is not a multiple of the block
-        ref = target_only(models, prompts, max_new_tokens=max_new)
-        out = generate(models, prompts, decoder=decoder, max_new_tokens=max_new, **options)
+        ref = target_only(models, prompts, max_new_tokens=max_new, max_len=SLOTS)
+        out = generate(models, prompts, decoder=decoder, max_new_tokens=max_new, max_len=SLOTS, **options)
         assert out.tokens == ref.tokens
         assert all(len(t) == max_new for t in out.tokens)
         assert out.stats["steps"].min() >= 1
@@ -37,10 +38,10 @@ def test_greedy_equals_target_only_random_models(decoder, options, batch):
 @pytest.mark.parametrize("decoder, options", DECODES)
 def test_greedy_stops_on_stop_token_like_target_only(decoder, options):
     models = random_models(decoder, seed=7)
-    free = target_only(models, PROMPTS, max_new_tokens=14)
+    free = target_only(models, PROMPTS, max_new_tokens=14, max_len=SLOTS)
     stop = free.tokens[0][3]  # a token the first sequence produces early
-    ref = target_only(models, PROMPTS, max_new_tokens=14, stop_ids=[stop])
-    out = generate(models, PROMPTS, decoder=decoder, max_new_tokens=14, stop_ids=[stop], **options)
+    ref = target_only(models, PROMPTS, max_new_tokens=14, max_len=SLOTS, stop_ids=[stop])
+    out = generate(models, PROMPTS, decoder=decoder, max_new_tokens=14, max_len=SLOTS, stop_ids=[stop], **options)
     assert out.tokens == ref.tokens and out.stopped == ref.stopped
     assert out.stopped[0] and out.tokens[0][-1] == stop and len(out.tokens[0]) <= 4
 
@@ -50,8 +51,8 @@ def test_near_complete_acceptance_counting_target(decoder):
     models = counting_models(decoder)
     prompts = [[3, 4], [10], [30, 31, 0]]
     options = dict(max_iters=BLOCK - 1) if decoder == "xpress" else {}
-    out = generate(models, prompts, decoder=decoder, max_new_tokens=13, **options)
-    ref = target_only(models, prompts, max_new_tokens=13)
+    out = generate(models, prompts, decoder=decoder, max_new_tokens=13, max_len=SLOTS, **options)
+    ref = target_only(models, prompts, max_new_tokens=13, max_len=SLOTS)
     assert out.tokens == ref.tokens
     assert out.tokens[0][:4] == [5, 6, 7, 8]
     assert out.tau > BLOCK - 0.6  # every draft accepted except where max_new_tokens cuts a block
@@ -63,8 +64,8 @@ def test_near_complete_acceptance_counting_target(decoder):
 
 def test_full_acceptance_with_the_bare_drafter():
     models = zero_logit_models()
-    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=10)
-    assert out.tokens == target_only(models, PROMPTS, max_new_tokens=10).tokens
+    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=10, max_len=SLOTS)
+    assert out.tokens == target_only(models, PROMPTS, max_new_tokens=10, max_len=SLOTS).tokens
     assert out.stats["steps"].tolist() == [3, 3, 3]  # 1 from prefill + 4 + 4 + (cut to) 1
     assert out.tau == pytest.approx(3.0)
     assert out.stats["per_step"][:, :4].tolist() == [[4, 4, 1, 0]] * 3  # tokens committed by each step
@@ -97,9 +98,9 @@ def test_sampling_preserves_the_target_distribution(case):
 
 def test_sampling_is_reproducible_by_seed():
     models = random_models("dflash", seed=2, vocab=16)
-    a = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, temperature=0.8, seed=5)
-    b = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, temperature=0.8, seed=5)
-    c = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, temperature=0.8, seed=6)
+    a = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, max_len=SLOTS, temperature=0.8, seed=5)
+    b = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, max_len=SLOTS, temperature=0.8, seed=5)
+    c = generate(models, PROMPTS, decoder="dflash", max_new_tokens=9, max_len=SLOTS, temperature=0.8, seed=6)
     assert a.tokens == b.tokens and a.tokens != c.tokens
 
 
@@ -223,11 +224,11 @@ def test_an_iteration_sweep_runs_one_program():
     from xpress_jax.decoding.speculative import _decode
     models = random_models("xpress", seed=4)
     prompts = [[3, 9, 4, 11], [7, 1]]
-    exact = target_only(models, prompts, max_new_tokens=12).tokens
+    exact = target_only(models, prompts, max_new_tokens=12, max_len=SLOTS).tokens
     before = _decode._cache_size()
     per_step = {}
     for k in (1, 2, 8):
-        out = generate(models, prompts, decoder="xpress", max_new_tokens=12, max_iters=k)
+        out = generate(models, prompts, decoder="xpress", max_new_tokens=12, max_len=SLOTS, max_iters=k)
         assert out.tokens == exact, k
         per_step[k] = out.stats["iterations"] / out.stats["steps"]
         assert (per_step[k] <= min(k, BLOCK - 1)).all(), (k, per_step[k])

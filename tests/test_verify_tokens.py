@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from head_fixtures import N, inputs, make_head
-from spec_fixtures import BLOCK, chi_square_p, counting_models, exact_first_two, random_models, zero_logit_models
+from spec_fixtures import (BLOCK, SLOTS, chi_square_p, counting_models, exact_first_two, random_models,
+                           zero_logit_models)
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.speculative import SpecModels, generate
@@ -27,8 +28,8 @@ def target_only(models, prompts, **kw):
 @pytest.mark.parametrize("verify_tokens", [1, 2])
 def test_greedy_equals_target_only(decoder, options, verify_tokens):
     models = random_models("xpress" if decoder == "dloop+xpress" else decoder, seed=verify_tokens)
-    ref = target_only(models, PROMPTS, max_new_tokens=11)
-    out = generate(models, PROMPTS, decoder=decoder, max_new_tokens=11, verify_tokens=verify_tokens, **options)
+    ref = target_only(models, PROMPTS, max_new_tokens=11, max_len=SLOTS)
+    out = generate(models, PROMPTS, decoder=decoder, max_new_tokens=11, max_len=SLOTS, verify_tokens=verify_tokens, **options)
     assert out.tokens == ref.tokens
     accepted_at = out.stats["accepted_at"]  # [batch, B-1]: no step accepts past position m
     assert (accepted_at[:, verify_tokens:] == 0).all()
@@ -37,8 +38,8 @@ def test_greedy_equals_target_only(decoder, options, verify_tokens):
 @pytest.mark.parametrize("verify_tokens", [1, 2, BLOCK - 1])
 def test_every_draft_accepted_commits_m_plus_one_per_step(verify_tokens):
     models = zero_logit_models()  # the target wants zeros and the drafter drafts them
-    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=13, verify_tokens=verify_tokens)
-    assert out.tokens == target_only(models, PROMPTS, max_new_tokens=13).tokens
+    out = generate(models, PROMPTS, decoder="dflash", max_new_tokens=13, max_len=SLOTS, verify_tokens=verify_tokens)
+    assert out.tokens == target_only(models, PROMPTS, max_new_tokens=13, max_len=SLOTS).tokens
     per_step = verify_tokens + 1
     steps = -(-12 // per_step)  # the first token comes from prefill
     assert out.stats["steps"].tolist() == [steps] * 3
@@ -51,8 +52,8 @@ def test_every_draft_accepted_commits_m_plus_one_per_step(verify_tokens):
 def test_counting_heads_are_capped_at_m(decoder):
     models = counting_models(decoder)
     options = dict(max_iters=BLOCK - 1) if decoder == "xpress" else {}
-    out = generate(models, [[3, 4], [10]], decoder=decoder, max_new_tokens=13, verify_tokens=2, **options)
-    assert out.tokens == target_only(models, [[3, 4], [10]], max_new_tokens=13).tokens
+    out = generate(models, [[3, 4], [10]], decoder=decoder, max_new_tokens=13, max_len=SLOTS, verify_tokens=2, **options)
+    assert out.tokens == target_only(models, [[3, 4], [10]], max_new_tokens=13, max_len=SLOTS).tokens
     assert out.tau == pytest.approx(3.0)  # 12 tokens after prefill, 3 per step
 
 
