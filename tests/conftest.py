@@ -77,18 +77,31 @@ def qwen3_tokenizer_dir(tmp_path_factory):
 
 
 # Files start longest first, so that under `-n 2 --dist loadfile` the short ones fill the tail of
-# the run and the two workers end together (the smoke reproduction alone takes one to two
-# minutes); files not named here take under 5 s. xdist would order files by their number of tests.
-SLOW_FILES_FIRST = ("test_trainer.py", "test_reproduce.py", "test_bench.py", "test_eval.py", "test_speculative.py",
-                    "test_qwen3.py", "test_dloop.py", "test_launch.py", "test_verify_tokens.py", "test_validation.py",
-                    "test_notebook.py", "test_decode_devices.py", "test_tools.py", "test_loop_copies.py",
-                    "test_jacobi.py", "test_drafter.py", "test_continuous.py", "test_losses.py", "test_kernels.py",
-                    "test_export.py", "test_heads.py", "test_methods.py", "test_checkpoints.py", "test_pretrain.py")
+# the run and the two workers end together; files not named here take under 5 s. The files with
+# whole-pipeline tests are in the order that balances a --pipeline=only run (the smoke reproduction
+# alone takes two minutes). xdist would order files by their number of tests.
+SLOW_FILES_FIRST = ("test_eval.py", "test_trainer.py", "test_reproduce.py", "test_bench.py", "test_speculative.py",
+                    "test_dloop.py", "test_verify_tokens.py", "test_qwen3.py", "test_validation.py", "test_launch.py",
+                    "test_notebook.py", "test_tools.py", "test_decode_devices.py", "test_loop_copies.py",
+                    "test_continuous.py", "test_drafter.py", "test_jacobi.py", "test_kernels.py", "test_export.py",
+                    "test_losses.py", "test_methods.py", "test_heads.py", "test_checkpoints.py", "test_pretrain.py")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--pipeline", choices=("skip", "only", "all"), default="skip",
+                     help="the whole-pipeline tests (marked `pipeline`: the smoke reproduction, gpu.sh --dry_run, "
+                          "two-process training, the notebook): skip them (default, unless their file is named), "
+                          "run only them (CI's second step) or run everything")
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "pipeline: runs a whole command chain in subprocesses (see --pipeline)")
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's reordering, on by default
         config.option.loadscopereorder = False
+
+
+def pytest_report_header(config):
+    return f"whole-pipeline tests: --pipeline={config.getoption('pipeline')}"
 
 
 def pytest_unconfigure(config):
@@ -100,7 +113,19 @@ def pytest_unconfigure(config):
         atexit.register(os._exit, 0)
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    mode = config.getoption("pipeline")
+    named = {os.path.realpath(os.path.join(config.invocation_params.dir, arg.split("::")[0])) for arg in config.args}
+
+    def selected(item):
+        if mode == "all" or os.path.realpath(item.path) in named:
+            return True
+        return (item.get_closest_marker("pipeline") is not None) == (mode == "only")
+    deselected = [item for item in items if not selected(item)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if selected(item)]
+
     def rank(item):
         name = os.path.basename(str(item.path))
         return SLOW_FILES_FIRST.index(name) if name in SLOW_FILES_FIRST else len(SLOW_FILES_FIRST)

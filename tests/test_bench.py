@@ -72,6 +72,7 @@ def test_the_gpu_scripts_stage_limits_fit_its_budget_and_its_install_is_outside_
     assert script.index("pip install") < script.index("started=$SECONDS")
 
 
+@pytest.mark.pipeline
 def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_path):
     """benchmarks/gpu.sh --dry_run on this CPU at tiny shapes (GPU_SH_TINY; the 8B run is recorded in
     benchmarks/cpu/gpu-dry-run), each stage recorded as it ends: the decode and heads stages compile

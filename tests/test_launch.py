@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import portpicker
+import pytest
 
 from train_helpers import checkpoint_steps, final_params, override_args, train_config, wait_for_checkpoint
 
@@ -80,6 +81,7 @@ def finish(run, timeout=900) -> str:
     return out
 
 
+@pytest.mark.pipeline
 def test_two_processes_agree_and_resume_bitwise_after_sigkill(tmp_path):
     """Two processes with two devices each, starting from an exported drafter (train.init_from,
     placed on their shared mesh): a run SIGKILLed after a checkpoint and resumed ends with exactly
@@ -128,6 +130,7 @@ def test_two_processes_agree_and_resume_bitwise_after_sigkill(tmp_path):
     assert first["step"] == 1 and first["tokens"] == sum(int(np.sum(h["ids"] != pad_id(tokenizer))) for h in halves)
 
 
+@pytest.mark.pipeline
 def test_a_sigterm_to_one_of_two_processes_saves_one_step_on_both():
     """A preemption notice reaches one process of two, at a step of its own: jax.distributed's
     preemption service makes both agree on one later step, both save it (the collective Orbax
@@ -189,8 +192,9 @@ def test_the_readmes_real_target_commands_parse_with_every_flag_and_config_key()
         argv = shlex.split(line)[2:]
         module = importlib.import_module(f"{argv[0]}.__main__")
         flag_values = flags.FlagValues()
-        for name in module.FLAGS:  # a fresh copy of the command's own flags
-            flag_values[name] = module.FLAGS[name]
+        for name in module.FLAGS:  # a fresh copy of the command's own flags, without the --config that
+            if name != "config" and not name.startswith("config."):  # an in-process run left defined
+                flag_values[name] = module.FLAGS[name]
         argv = [argv[0]] + [a.replace("configs/", os.path.join(ROOT, "configs") + "/") for a in argv[1:]]
         cli.define_config_flag(flag_values, argv)
         flag_values(argv)

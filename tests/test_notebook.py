@@ -3,10 +3,13 @@ checkpoints that ship with the package."""
 
 import os
 
+import pytest
+
 from cli_helpers import ROOT
 from xpress_jax import assets
 
 
+@pytest.mark.pipeline
 def test_the_notebook_tours_the_shipped_checkpoints_in_pictures():
     import nbformat
     from nbclient import NotebookClient

@@ -28,12 +28,14 @@ def read_json(path):
     return json.loads(path.read_text())
 
 
+@pytest.mark.pipeline
 def test_every_stage_finishes(smoke_run):
     out, _ = smoke_run
     for stage in ("target", "regen") + STAGES + ("eval",):
         assert (out / stage / "DONE.json").is_file(), stage
 
 
+@pytest.mark.pipeline
 def test_the_target_is_an_hf_directory_with_its_tokenizer_and_report(smoke_run):
     out, _ = smoke_run
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "pretrain.json"):
@@ -42,12 +44,14 @@ def test_the_target_is_an_hf_directory_with_its_tokenizer_and_report(smoke_run):
     assert report["val_loss"] > 0 and 0 <= report["greedy"]["distinct_4"] <= 1 and report["greedy"]["examples"]
 
 
+@pytest.mark.pipeline
 def test_regeneration_gives_every_conversation_the_targets_reply(smoke_run):
     out, _ = smoke_run
     regen = [json.loads(line) for line in open(out / "regen" / "data.jsonl")]
     assert len(regen) == 16 and all(row["conversations"][-1]["role"] == "assistant" for row in regen)
 
 
+@pytest.mark.pipeline
 def test_every_trained_stage_exports_the_dflash_layout_with_its_head(smoke_run):
     out, _ = smoke_run
     for stage in STAGES:
@@ -57,6 +61,7 @@ def test_every_trained_stage_exports_the_dflash_layout_with_its_head(smoke_run):
         assert (export / "heads" / f"{head}.safetensors").is_file() if head else not (export / "heads").exists()
 
 
+@pytest.mark.pipeline
 def test_every_method_is_lossless_at_temperature_0_with_tau_and_its_interval(smoke_run):
     out, _ = smoke_run
     t0 = read_json(out / "eval" / "T0" / "results.json")
@@ -73,12 +78,14 @@ def test_every_method_is_lossless_at_temperature_0_with_tau_and_its_interval(smo
     assert rows["dloop.b2"]["branches"] == 2
 
 
+@pytest.mark.pipeline
 def test_xpress_candidate_mode_is_measured(smoke_run):
     out, _ = smoke_run
     cand = read_json(out / "eval" / "T0" / "results.json")["results"]["gsm8k"]["xpress"]["candidate"]
     assert cand["blocks"] > 0 and 0 <= cand["token_agreement"] <= 1 and cand["tau"] >= 1
 
 
+@pytest.mark.pipeline
 def test_every_method_is_evaluated_at_temperature_1(smoke_run):
     out, _ = smoke_run
     t1 = read_json(out / "eval" / "T1" / "results.json")
@@ -104,6 +111,7 @@ def test_the_speed_passes_follow_every_temperature_and_verify_the_first_m_drafts
     assert pass_title(f"T1_v{m}") == f"temperature 1, the target verifying the first {m} drafts of each block"
 
 
+@pytest.mark.pipeline
 def test_the_results_record_every_stages_time_and_every_eval(smoke_run):
     out, _ = smoke_run
     results = read_json(out / "results.json")
@@ -111,6 +119,7 @@ def test_the_results_record_every_stages_time_and_every_eval(smoke_run):
     assert set(results["eval"]) == {"T0", "T1"}
 
 
+@pytest.mark.pipeline
 def test_every_method_is_paired_with_the_same_budget_drafter(smoke_run):
     """dflash.more/: the drafter trained as many more steps as a head, paired over prompts."""
     out, _ = smoke_run
@@ -125,6 +134,7 @@ def test_every_method_is_paired_with_the_same_budget_drafter(smoke_run):
     assert "| tau / dflash (95%) | tau / dflash.more (95%) |" in (out / "table.md").read_text()
 
 
+@pytest.mark.pipeline
 def test_the_table_is_printed_with_dloops_prefixes(smoke_run):
     out, r = smoke_run
     table = (out / "table.md").read_text()
@@ -132,12 +142,14 @@ def test_the_table_is_printed_with_dloops_prefixes(smoke_run):
     assert "gsm8k dloop: the verified branch kept" in table  # D-Loop's prefixes
 
 
+@pytest.mark.pipeline
 def test_the_console_shows_progress_and_results_and_library_logs_go_to_a_file(smoke_run):
     out, r = smoke_run
     assert " I1" not in r.stderr and "checkpoint_manager" not in r.stderr
     assert "checkpoint_manager" in (out / "log.txt").read_text()
 
 
+@pytest.mark.pipeline
 def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp_path):
     out, _ = smoke_run
     published = tmp_path / "benchmarks" / "tiny"
@@ -151,12 +163,14 @@ def test_a_second_run_is_all_cache_hits_and_publishes_the_results(smoke_run, tmp
     assert published_results["target"]["val_loss"] > 0 and set(published_results["eval"]) == {"T0", "T1"}
 
 
+@pytest.mark.pipeline
 def test_the_exported_target_loads_in_transformers_and_passes_logit_check(smoke_run):
     out, _ = smoke_run
     r = invoke("xpress_jax.tools.logit_check", f"--hf_dir={out / 'target'}")
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.pipeline
 def test_official_dflash_gives_our_tokens_and_acceptance_lengths(smoke_run, monkeypatch):
     """dflash_generate (PyTorch, greedy) on the exported target + DFlash drafter against our
     jitted loop on the same prompts: same tokens, same steps, same per-prompt acceptance length."""
@@ -211,6 +225,7 @@ def test_a_stage_without_its_inputs_or_an_unknown_stage_is_refused(tmp_path):
     assert r.returncode == 2 and "unknown stages ['medusa']" in r.stderr
 
 
+@pytest.mark.pipeline
 def test_export_a_target_step_and_the_drafter_run_with_its_target(smoke_run, tmp_path):
     """Any step of the target run as an HF directory; a drafter run with --target writes the
     target it trained against, with its tokenizer."""
@@ -231,6 +246,7 @@ def test_export_a_target_step_and_the_drafter_run_with_its_target(smoke_run, tmp
     transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "d" / "target"))
 
 
+@pytest.mark.pipeline
 def test_the_e2e_benchmark_runs_on_the_trained_checkpoints(smoke_run, tmp_path):
     out, _ = smoke_run
     r = run("xpress_jax.bench", "--suite=e2e", f"--run_dir={out}", f"--repro_config={SMOKE}", "--num_prompts=2",
