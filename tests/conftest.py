@@ -90,8 +90,8 @@ SLOW_FILES_FIRST = ("test_eval.py", "test_trainer.py", "test_reproduce.py", "tes
 def pytest_addoption(parser):
     parser.addoption("--pipeline", choices=("skip", "only", "all"), default="skip",
                      help="the whole-pipeline tests (marked `pipeline`: the smoke reproduction, gpu.sh --dry_run, "
-                          "two-process training, the notebook): skip them (default, unless their file is named), "
-                          "run only them (CI's second step) or run everything")
+                          "two-process training, the notebook): skip them (default, unless their file is named or -m "
+                          "names the marker), run only them (CI's second step) or run everything")
 
 
 def pytest_configure(config):
@@ -115,6 +115,8 @@ def pytest_unconfigure(config):
 
 def pytest_collection_modifyitems(config, items):
     mode = config.getoption("pipeline")
+    if mode == "skip" and "pipeline" in (config.option.markexpr or ""):
+        mode = "all"  # `-m` names the marker: it chooses
     named = {os.path.realpath(os.path.join(config.invocation_params.dir, arg.split("::")[0])) for arg in config.args}
 
     def selected(item):
