@@ -192,8 +192,10 @@ def test_the_readmes_real_target_commands_parse_with_every_flag_and_config_key()
         argv = shlex.split(line)[2:]
         module = importlib.import_module(f"{argv[0]}.__main__")
         flag_values = flags.FlagValues()
-        for name in module.FLAGS:  # a fresh copy of the command's own flags, without the --config that
-            if name != "config" and not name.startswith("config."):  # an in-process run left defined
+        # a fresh copy of the command's own flags, but for --config: an in-process run of the command
+        # (cli.invoke) leaves it defined, and define_config_flag defines it anew
+        for name in module.FLAGS:
+            if name != "config" and not name.startswith("config."):
                 flag_values[name] = module.FLAGS[name]
         argv = [argv[0]] + [a.replace("configs/", os.path.join(ROOT, "configs") + "/") for a in argv[1:]]
         cli.define_config_flag(flag_values, argv)
