@@ -123,10 +123,12 @@ def pytest_collection_modifyitems(config, items):
         if mode == "all" or os.path.realpath(item.path) in named:
             return True
         return (item.get_closest_marker("pipeline") is not None) == (mode == "only")
-    deselected = [item for item in items if not selected(item)]
+    kept, deselected = [], []
+    for item in items:
+        (kept if selected(item) else deselected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if selected(item)]
+        items[:] = kept
 
     def rank(item):
         name = os.path.basename(str(item.path))
