@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
         train={"steps": 100, "batch_size": 4, "lr": 3e-3, "num_anchors": 16, "anchor_chunk": 16, "log_every": 10,
                "save_every": 20, "out_dir": "runs/tiny"},
         data={"train_files": (os.path.join(data_root(), "gsm8k", "train.jsonl"),), "max_len": 512},
-        mesh_shape=(-1, 1, 1), evaluation={"num_prompts": 4, "max_new_tokens": 24},
+        mesh_shape=(-1, 1, 1), evaluation={"num_prompts": 4, "max_new_tokens": 24, "devices": 1},
         dtype="float32", target_param_dtype="float32")
     config.sample.max_new_tokens = 32
     config.sample.max_len = 512

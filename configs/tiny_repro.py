@@ -30,7 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
         mesh_shape=(-1, 1, 1),
         evaluation={"datasets": ("gsm8k", "humaneval", "mt_bench", "alpaca"), "num_prompts": 16,
                     "max_new_tokens": 192, "iteration_sweep": (1, 2, 4, 8, 15), "candidate_k": 8, "time_split": False,
-                    "dloop_branches": (1, 4)},
+                    # one device: a model this small gains nothing from a copy per device
+                    "dloop_branches": (1, 4), "devices": 1},
         dtype="float32", target_param_dtype="float32")
     config.reproduce = ml_collections.ConfigDict({
         "out_dir": "runs/repro",

@@ -194,12 +194,13 @@ def test_branch_accept_sampling_is_the_target_distribution():
     assert (branch > 0).any()
 
 
-@pytest.mark.parametrize("branches", [1, 3])
-def test_sampling_preserves_the_target_distribution(branches):
+@pytest.mark.parametrize("branches,acceptance", [(1, "rejection"), (3, "rejection"), (3, "match")])
+def test_sampling_preserves_the_target_distribution(branches, acceptance):
+    """The tree walk, and the harness's rule: the longest branch equal to the target's samples."""
     models = random_models("dflash", seed=11, vocab=16, block=BLOCK)
     prompt = [3, 1, 4]
     out = generate(models, [prompt] * 20_000, decoder="dloop", branches=branches, max_new_tokens=2,
-                   temperature=1.0, seed=123)
+                   temperature=1.0, seed=123, acceptance=acceptance)
     pairs = np.array([t[:2] for t in out.tokens])
     counts = np.zeros((16, 16))
     np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)

@@ -186,7 +186,7 @@ def test_the_readmes_real_target_commands_parse_with_every_flag_and_config_key()
     variables = dict(re.match(r"(\w+)=(.*)", part).groups() for line in lines if re.match(r"^[A-Z]=", line)
                      for part in shlex.split(line.replace(";", " ")) if re.match(r"^[A-Z]=", part))
     commands = [line for line in lines if line.startswith("python -m xpress_jax.")]
-    assert len(commands) == 6  # generate, three trainings, eval at T = 0 and 1
+    assert len(commands) == 7  # generate, four trainings, eval at T = 0 and 1
     for line in commands:
         line = re.sub(r"\$(\w+)", lambda m: shlex.quote(variables[m.group(1)]), line.split("#")[0])
         argv = shlex.split(line)[2:]

@@ -9,8 +9,9 @@ from xpress_jax.report import published
 
 
 def _row(tau, speedup=None):
-    return {"tau": tau, "tau_per_prompt_mean": tau, "repetition_rate": None, "tokens_per_s": 10.0,
-            "speedup": speedup, "lossless": None, "accept_per_position": [0.9, 0.7]}
+    return {"tau": tau + 0.5, "tau_per_prompt_mean": tau, "tau_no_bonus_per_prompt_mean": tau - 1,
+            "repetition_rate": None, "tokens_per_s": 10.0, "speedup": speedup, "speedup_harness": speedup,
+            "lossless": None, "accept_per_position": [0.9, 0.7]}
 
 
 def _report(target, temperature=0.0):
@@ -34,12 +35,13 @@ def test_results_md_sets_the_papers_figures_beside_the_runs(tmp_path):
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("|")}
     assert rows[("gsm8k", "dflash")].rstrip("| ").endswith("5.20x")  # the DFlash authors' GSM8K speedup
     assert rows[("gsm8k", "xpress")].rstrip("| ").endswith("8.20x")
-    assert rows[("livecodebench", "xpress")].rstrip("| ").endswith("tau_vs_markov 1.07")
+    assert rows[("livecodebench", "xpress")].rstrip("| ").endswith("tau_no_bonus_vs_markov 1.07")
     assert rows[("livecodebench", "dflash")].rstrip("| ").endswith("| -")
-    # the papers' means against the run's: D-Loop's 8.11 at K = 4; XPress over Markov 1.05 against 6.6 / 6.0
-    assert "| dloop.b4 | tau | 8.11 | 7.00 | 2 |" in text and "| xpress | tau_vs_markov | 1.05 | 1.10 | 2 |" in text
+    # the papers' means beside no run mean: their benchmark sets are not all named, so no run measured the same
+    assert "| dloop.b4 | tau | 8.11 | - | 6, not named in the text |" in text  # D-Loop's K unstated: any K's row
+    assert "| xpress | tau_no_bonus_vs_markov | 1.05 | - | 7, not all named in the text |" in text
     at_t1 = report_markdown(_report("Qwen3-8B", temperature=1.0))
-    assert "| dloop.b4 | tau | 6.37 |" in at_t1 and "tau_vs_markov" not in at_t1  # XPress reports T = 0 only
+    assert "| dloop.b4 | tau | 6.37 |" in at_t1 and "tau_no_bonus_vs_markov" not in at_t1  # XPress: T = 0 only
     for other in (_report(None), _report("Qwen3-8B", temperature=0.5)):
         assert "published" not in report_markdown(other)
     write_outputs(_report("Qwen3-8B"), str(tmp_path))  # the sweep's plot with the paper's plateau beside it
@@ -51,7 +53,21 @@ def test_compare_shows_the_papers_ratio_of_the_same_two_methods():
     ratio = {ds: {"tau": 6.6, "tau_reference": 6.0, "ratio": 1.1, "ci95": [1.0, 1.2],
                   "published_ratio": published.ratio_cell(method, "xpress", reference, "markov", ds)}
              for ds in ("gsm8k", "livecodebench")}
-    assert ratio["livecodebench"]["published_ratio"] == "1.07" and ratio["gsm8k"]["published_ratio"] == "1.05 (mean)"
+    assert ratio["livecodebench"]["published_ratio"] == "1.07 (no bonus)"
+    assert ratio["gsm8k"]["published_ratio"] == "1.05 (mean, no bonus)"
     assert "| published ratio |" in compare_markdown(ratio, "xpress", "markov")
     assert published.ratio_cell(_report(None), "xpress", _report(None), "markov", "gsm8k") == "-"
     assert published.ratio_cell(method, "xpress", _report("Qwen3-4B"), "markov", "gsm8k") == "-"
+
+
+def test_a_mean_is_set_beside_the_runs_only_over_the_benchmarks_it_names(monkeypatch):
+    """The run's figure of the same definition: the harness's tau and speedup, XPress's ratios of
+    tau without the bonus token (here (5.6 - 1) / (6.0 - 1) = 0.92, not 5.6 / 6.0)."""
+    named = published.Figure("Qwen3-8B", "xpress", "tau_no_bonus_vs_markov", 0.0, published.MEAN, 1.05, "test",
+                             benchmarks=("gsm8k", "livecodebench"))
+    report = _report("Qwen3-8B")
+    for by_label in report["results"].values():
+        by_label["xpress"] = _row(5.6, 5.0)
+    assert published.means_table(report, [named])[0][:4] == ["xpress", "tau_no_bonus_vs_markov", "1.05", "0.92"]
+    named_other = published.Figure("Qwen3-8B", "xpress", "tau", 0.0, published.MEAN, 6.0, "test", benchmarks=("gsm8k",))
+    assert published.means_table(report, [named_other])[0][3] == "-"  # the run measured two benchmarks, not one

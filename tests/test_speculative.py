@@ -72,8 +72,12 @@ def test_full_acceptance_with_the_bare_drafter():
     assert (out.stats["draft_repeats"] == out.stats["steps"] * (BLOCK - 2)).all()  # an all-0 draft repeats itself
 
 
-@pytest.mark.parametrize("case", ["bad_draft_dflash", "bad_draft_xpress", "good_draft_markov"])
-def test_sampling_preserves_the_target_distribution(case):
+@pytest.mark.parametrize("case,acceptance", [("bad_draft_dflash", "rejection"), ("bad_draft_xpress", "rejection"),
+                                             ("good_draft_markov", "rejection"), ("bad_draft_dflash", "match"),
+                                             ("bad_draft_xpress", "match")])
+def test_sampling_preserves_the_target_distribution(case, acceptance):
+    """Rejection sampling of sampled drafts, and the DFlash harness's rule (argmax drafts kept while
+    they equal the target's sampled tokens): both give the target's distribution."""
     temperature = 1.0
     if case == "good_draft_markov":
         models, decoder, options = counting_models("markov", vocab=16, scale=0.5), "markov", {}
@@ -84,7 +88,7 @@ def test_sampling_preserves_the_target_distribution(case):
     prompt = [3, 1, 4]
     runs = 20_000
     out = generate(models, [prompt] * runs, decoder=decoder, max_new_tokens=2, temperature=temperature,
-                   seed=123, **options)
+                   seed=123, acceptance=acceptance, **options)
     pairs = np.array([t[:2] for t in out.tokens])
     counts = np.zeros((16, 16))
     np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)

@@ -41,7 +41,7 @@ def test_every_field_of_every_shipped_config_has_a_rule_and_passes():
     ("dtype", "float64", "dtype='float64': expected one of float32, bfloat16, float16"),
     ("target.arch.num_key_value_heads", "3", "not a multiple of target.arch.num_key_value_heads=3"),
     ("train.heads", "('xpress', 'medusa')", "train.heads"),
-    ("eval.num_prompts", "0", "eval.num_prompts=0"),
+    ("eval.num_prompts", "-1", "eval.num_prompts=-1"),
     ("eval.temperature", "-1.0", "eval.temperature=-1.0"),
     ("sample.prompt", "", "sample.prompt='': expected a non-empty string"),
     ("train.loss.dloop_beta", "1.0", "train.loss.dloop_beta=1.0"),
@@ -67,8 +67,8 @@ def test_the_cli_refuses_before_building_or_writing_anything(tmp_path):
     broken.write_text("def get_config(:\n")
     r = invoke("xpress_jax.train", f"--config={broken}")
     assert r.returncode == 2 and f"config file {broken}, line 1" in r.stderr and "Traceback" not in r.stderr
-    r = invoke("xpress_jax.eval", "--num_prompts=0", f"--out={tmp_path / 'eval'}")
-    assert r.returncode == 2 and "eval.num_prompts=0" in r.stderr and not (tmp_path / "eval").exists()
+    r = invoke("xpress_jax.eval", "--num_prompts=-1", f"--out={tmp_path / 'eval'}")
+    assert r.returncode == 2 and "eval.num_prompts=-1" in r.stderr and not (tmp_path / "eval").exists()
 
 
 def test_resuming_with_another_config_is_refused_and_the_record_kept(tmp_path):

@@ -26,6 +26,7 @@ from xpress_jax.models.layers import REMAT_POLICIES
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 LOSSLESS_REFERENCES = ("auto", "target_only", "verify_pass")  # eval.lossless_reference
+ACCEPTANCE_RULES = ("rejection", "match")  # at temperature > 0 (decoding/speculative.py)
 MASK_FROM_TOKENIZER = -1  # drafter.mask_token_id: the target tokenizer's <|mask|>, else its first unused id
 REQUIRED = object()  # the default of a field a config file must give
 
@@ -125,8 +126,13 @@ MESH = {"shape": Field((1, -1, 1), mesh_shape)}  # (data, fsdp, tensor); -1: the
 EVAL = {
     "datasets": Field(("gsm8k",), sequence(text(nonempty=True), nonempty=True, what="dataset names or paths")),
     "decoders": Field(("dflash", "markov", "gru", "xpress"), registered(spec_decoders, "decoders")),
-    "num_prompts": Field(80, positive_int), "max_new_tokens": Field(2048, positive_int),
+    # questions per dataset: the first N of a question file; N chosen as the DFlash harness chooses
+    # them from a published benchmark (0: its harness count; every question of any other file)
+    "num_prompts": Field(80, non_negative_int), "max_new_tokens": Field(2048, positive_int),
     "temperature": Field(0.0, number(0.0)), "batch_size": Field(1, positive_int), "seed": Field(0, non_negative_int),
+    # at temperature > 0: "rejection" (sampled drafts, rejection sampling) or "match" (argmax drafts
+    # accepted while they equal the target's sampled tokens: the DFlash harness's rule)
+    "acceptance": Field("rejection", one_of(*ACCEPTANCE_RULES)),
     # the drafter's and heads' weights and compute ("bfloat16" as they are served; the target
     # keeps target_param_dtype)
     "drafter_dtype": Field("float32", _dtype_name),
@@ -158,6 +164,9 @@ EVAL = {
     # local devices the target's heads, MLP width and vocabulary are split over, for a target too
     # large for one device (drafter and heads replicated; decoding/devices.py)
     "tensor_parallel": Field(1, positive_int),
+    # local devices the questions are split over, one response at a time on each (groups of
+    # tensor_parallel for a split target; eval/workers.py); 0: every local device
+    "devices": Field(0, non_negative_int),
 }
 
 # Training the target itself (python -m xpress_jax.pretrain): the tiny reproduction's target.

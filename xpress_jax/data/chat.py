@@ -67,8 +67,13 @@ def normalise_messages(record: dict[str, Any]) -> list[dict[str, str]]:
     return messages
 
 
-def render(messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> tuple[str, list[tuple[int, int]]]:
-    """The chat text and the character spans [start, end) that the loss covers."""
+def render(messages: Sequence[dict[str, str]], *, add_generation_prompt: bool,
+           earlier_think_blocks: bool = True) -> tuple[str, list[tuple[int, int]]]:
+    """The chat text and the character spans [start, end) that the loss covers.
+    earlier_think_blocks=False renders assistant turns before the last user turn as Qwen3's own
+    template does at inference, without the empty think block (how the DFlash harness asks
+    MT-Bench's second turn)."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     parts: list[str] = []
     spans: list[tuple[int, int]] = []
     pos = 0
@@ -78,9 +83,9 @@ def render(messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -
         parts.append(text)
         pos += len(text)
 
-    for m in messages:
+    for i, m in enumerate(messages):
         if m["role"] == "assistant":
-            emit(f"{IM_START}assistant\n{THINK_OFF}")
+            emit(f"{IM_START}assistant\n{THINK_OFF if earlier_think_blocks or i > last_user else ''}")
             start = pos
             emit(m["content"] + IM_END)
             spans.append((start, pos))
@@ -92,12 +97,18 @@ def render(messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -
     return "".join(parts), spans
 
 
-def prompt_ids(tokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
-    """Token ids of a prompt ending in the assistant header with thinking disabled."""
+def prompt_text(messages: Sequence[dict[str, str]], earlier_think_blocks: bool = True) -> str:
+    """A prompt ending in the assistant header with thinking disabled. earlier_think_blocks=False:
+    earlier assistant turns as Qwen3's chat template writes them at inference, as plain text (eval's
+    later turns); True: with the empty think block, as training renders them (regeneration)."""
     if messages and messages[-1]["role"] == "assistant":
         raise DataError("a prompt must not end with an assistant turn")
-    text, _ = render(messages, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return render(messages, add_generation_prompt=True, earlier_think_blocks=earlier_think_blocks)[0]
+
+
+def prompt_ids(tokenizer, messages: Sequence[dict[str, str]], earlier_think_blocks: bool = True) -> list[int]:
+    """Token ids of `prompt_text(messages, earlier_think_blocks)`."""
+    return tokenizer(prompt_text(messages, earlier_think_blocks), add_special_tokens=False)["input_ids"]
 
 
 def conversation_to_ids(tokenizer, record: dict[str, Any], max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:

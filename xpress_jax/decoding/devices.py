@@ -65,13 +65,13 @@ def decode_tensor_split(loop, graphdef, state, prompt, prompt_lens, stop_ids, ke
         return loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperature, max_new, max_iters, opts)
 
 
-def tensor_mesh(devices: int, cfg) -> Mesh | None:
-    """A (1, 1, N) mesh over this process's first `devices` devices for a target of config `cfg`
-    (None for 1), refused in one line when the devices do not exist or do not divide its heads,
-    vocabulary or MLP width. Nothing is built, so a bad count costs nothing."""
+def tensor_mesh(devices: int, cfg, pool=None) -> Mesh | None:
+    """A (1, 1, N) mesh over the first `devices` devices of `pool` (this process's by default) for a
+    target of config `cfg` (None for 1), refused in one line when the devices do not exist or do not
+    divide its heads, vocabulary or MLP width. Nothing is built, so a bad count costs nothing."""
     if devices == 1:
         return None
-    local = jax.local_devices()
+    local = list(pool) if pool is not None else jax.local_devices()
     if not 1 <= devices <= len(local):
         raise ConfigError(f"a target split over {devices} devices: this process has {len(local)}")
     mesh = sharding.make_mesh((1, 1, devices), local[:devices])

@@ -20,7 +20,7 @@ from flax import struct
 
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.verify import branch_accept
+from xpress_jax.decoding.verify import branch_accept, gumbel_noise
 from xpress_jax.models.drafter import block_inputs
 
 
@@ -116,7 +116,7 @@ def _pick(x: jax.Array, branch: jax.Array) -> jax.Array:
 
 
 def verify_branches(target, cache, last: jax.Array, drafts: jax.Array, *, key: jax.Array, temperature,
-                    greedy: bool, tap_layers=(), reject_drafts: bool = False):
+                    greedy: bool, tap_layers=(), reject_drafts: bool = False, match: bool = False):
     """One target pass over K branches [last, y_1..y_n] side by side over the shared cache, each
     attending to the committed context and its own earlier tokens at the right positions.
 
@@ -124,7 +124,9 @@ def verify_branches(target, cache, last: jax.Array, drafts: jax.Array, *, key: j
     cache with the kept branch moved to where a single-block pass writes it (lengths still to be
     committed by the caller) and that branch's taps [batch, B, n_taps, hidden]: the state of having
     verified that branch alone. reject_drafts: the same pass, no draft offered to the (greedy)
-    acceptance rule; the first branch's row 0 gives the token.
+    acceptance rule; the first branch's row 0 gives the token. match (temperature > 0): the DFlash
+    harness's rule, the longest branch equal to the target's sampled tokens, one Gumbel draw per
+    depth shared by the branches (branches on one path read the same row, so they see one sample).
     """
     batch, branches, n = drafts.shape
     block = n + 1
@@ -137,7 +139,9 @@ def verify_branches(target, cache, last: jax.Array, drafts: jax.Array, *, key: j
     per_branch = lambda x: x.reshape((batch, branches, block) + x.shape[2:])  # noqa: E731
     offered, logits = (drafts[:, :, :0], per_branch(out.logits)[:, :, :1]) if reject_drafts else (
         drafts, per_branch(out.logits))
-    branch, acc, nxt = branch_accept(key, offered, logits, temperature, greedy)
+    if match and not greedy:
+        logits = logits.astype(jnp.float32) / temperature + gumbel_noise(key, (batch, 1) + logits.shape[2:])
+    branch, acc, nxt = branch_accept(key, offered, logits, temperature, greedy or match)
     kept = out.cache if branches == 1 else out.cache.keep_branch(cache.lengths, branch, block)
     taps = None if out.taps is None else _pick(per_branch(out.taps), branch)
     return branch, acc, nxt, out.replace(cache=kept, taps=taps, logits=None)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from xpress_jax.config import ACCEPTANCE_RULES
 from xpress_jax.decoding.devices import (batch_mesh, decode_batch_split, decode_tensor_split, replicate,
                                          target_mesh)
 from xpress_jax.decoding.dloop import loop_draft, verify_branches
@@ -64,6 +65,10 @@ class DecodeOptions:
     # every draft refused: each step commits the target's token from row 0 of the decoder's own
     # verification pass, so this is target-only decoding with the verify pass's shapes (greedy)
     reject_drafts: bool = False
+    # temperature > 0: "rejection" (drafts sampled from the drafter, Leviathan et al.'s rule) or
+    # "match" (argmax drafts accepted while they equal the target's sampled tokens: the DFlash
+    # harness's rule); both are lossless in distribution
+    acceptance: str = "rejection"
 
 
 @struct.dataclass
@@ -212,6 +217,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
     slots = jnp.arange(m + 1, dtype=jnp.int32)  # the verified block: last + m drafts
 
     loop = DECODERS[opts.decoder].loop
+    match = opts.acceptance == "match"
     head_name = head_of(opts.decoder)
     head = fold_head(head_name, head)  # hoisted out of the loop: the weights do not change between blocks
 
@@ -223,14 +229,14 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
             d = loop_draft(target, drafter, ctx, last, settings, head=head)
             branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens[:, :, :m], key=k_accept,
                                                        temperature=temperature, greedy=opts.greedy, tap_layers=taps,
-                                                       reject_drafts=opts.reject_drafts)
+                                                       reject_drafts=opts.reject_drafts, match=match)
             return (_row(d.tokens, branch)[:, :m], acc, nxt, verify, d.iterations, d.one_pass[:, :m],
                     _row(d.prefix_len, branch))
         iterations = jnp.zeros((batch,), jnp.int32)
         no_prefix = jnp.zeros((batch,), jnp.int32)
         if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
             s, h = draft_block(target, drafter, ctx, last, m)  # [batch, m, vocab], [batch, n, hidden]
-            noise = None if opts.greedy else gumbel_noise(k_noise, s.shape)
+            noise = None if opts.greedy or match else gumbel_noise(k_noise, s.shape)
             res = refine_block(head_name, head, s, h, last, target.embed, settings=settings,
                                noise=noise, temperature=temperature)
             draft, draft_logits, iterations = res.tokens, res.logits, res.iterations
@@ -243,6 +249,9 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
             acc, nxt = greedy_accept(draft[:, :0], verify.logits[:, :1])
         elif opts.greedy:
             acc, nxt = greedy_accept(draft, verify.logits)
+        elif match:  # the target's sampled token at every row, drafts kept while they equal it
+            sampled = verify.logits.astype(jnp.float32) / temperature + gumbel_noise(k_accept, verify.logits.shape)
+            acc, nxt = greedy_accept(draft, sampled)
         else:
             acc, nxt = speculative_accept(k_accept, draft, draft_logits, verify.logits, temperature)
         return draft, acc, nxt, verify, iterations, one_pass, no_prefix
@@ -308,13 +317,14 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
 def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
              settings: DecodeSettings | None = None, max_len: int | None = None, pad_multiple: int = 1,
-             reject_drafts: bool = False, devices: int = 1, min_rows: int = 0, warm_up: bool = False,
-             **knobs) -> Generation:
+             reject_drafts: bool = False, acceptance: str = "rejection", devices: int = 1, min_rows: int = 0,
+             warm_up: bool = False, **knobs) -> Generation:
     """Decodes a batch of prompts (token id lists). temperature 0 is greedy and lossless token for token;
     temperature > 0 is speculative sampling, lossless in distribution. `settings` (or its fields as
     keyword arguments: max_iters, early_stop, top_k, branches) are the decoder's knobs.
     reject_drafts (greedy): the decoder's loop with every draft refused, i.e. target-only decoding
     through this decoder's verification pass (the exact lossless reference, docs/evaluation.md).
+    acceptance (temperature > 0): "rejection" or "match" (`DecodeOptions.acceptance`).
     devices > 1 splits the batch over this process's first `devices` devices (decoding/devices.py):
     greedy output is the same; sampling draws from a key per device. Prompts are padded to their
     bucket (`bucket_length`, with `pad_multiple`), and the batch to at least `min_rows` rows with
@@ -338,6 +348,8 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
         raise InputError(f"temperature must be >= 0, got {temperature}")
+    if acceptance not in ACCEPTANCE_RULES:
+        raise InputError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, got {acceptance!r}")
     ids, lengths = pad_prompts(prompts, multiple=pad_multiple, chunk=settings.prefill_chunk)
     vocab = models.target.cfg.vocab_size
     if ids.max() >= vocab or ids.min() < 0:
@@ -353,7 +365,8 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
                          f"and {branches} block(s) of {block} it needs {need} cache slots but the cache holds {max_len}")
     max_len = max(max_len, ids.shape[1])  # the padded prefill must fit too
     opts = DecodeOptions(decoder=decoder, greedy=temperature == 0, max_len=max_len,
-                         settings=dataclasses.replace(settings, max_iters=TRACED), reject_drafts=reject_drafts)
+                         settings=dataclasses.replace(settings, max_iters=TRACED), reject_drafts=reject_drafts,
+                         acceptance=acceptance if temperature > 0 else "rejection")
     graphdef, state = nnx.split(models)
     args = (jnp.asarray(list(stop_ids), jnp.int32), jax.random.key(seed),
             jnp.float32(temperature if temperature > 0 else 1.0), jnp.int32(1 if warm_up else max_new_tokens),

@@ -8,9 +8,12 @@ r"""Measure acceptance length and speedup of each head on benchmark questions.
         --checkpoints=dflash=runs/repro/dflash/export,xpress=runs/repro/xpress/export,dloop=runs/repro/dloop/export \
         --dloop_branches=1,4
 
-Writes OUT/results.json (schema in the README), OUT/results.md, OUT/acceptance.png and, with the
-xpress head, OUT/tau_vs_iterations.png. Speedup is tokens/s over target-only decoding of the same prompts
-in the same run. Without a target directory (random weights, a smoke run), prompts are byte-level
+Writes OUT/results.json (schema: docs/evaluation.md), OUT/results.md (benchmarks by methods, as the
+papers tabulate them, then every figure), OUT/answers.jsonl (every answer of every method),
+OUT/acceptance.png, OUT/tau_and_speedup.png and, with the xpress head, OUT/tau_vs_iterations.png.
+tau and speedup are reported as the official DFlash harness defines them (mean over responses; decode
+time per token, prefill excluded) beside the pooled figures. The questions are split over every
+local device (eval.devices). Without a target directory (random weights, a smoke run), prompts are byte-level
 (`data/byte_tokenizer.py`); a target directory without its tokenizer files is refused.
 `--config=configs/paper_eval.py` runs the papers' protocol (docs/evaluation.md).
 """
@@ -38,15 +41,18 @@ flags.DEFINE_list("checkpoints", None, f"One checkpoint per method: LABEL=DIR,..
                   f"({', '.join(spec_decoders())}) optionally with a .variant (xpress.frozen=DIR). Replaces "
                   "--decoders/--checkpoint.", flag_values=FLAGS)
 flags.DEFINE_list("datasets", None, "Shipped sets (gsm8k, humaneval, mt_bench, alpaca: 80 questions each), paths to "
-                  "jsonl files of questions, or NAME=PATH: a benchmark's published file or folder of files, read "
-                  "in its own schema (NAME: gsm8k, math500, aime2025, humaneval, mbpp, livecodebench, mt_bench, "
-                  "alpaca).", flag_values=FLAGS)
+                  "question files (.jsonl, .jsonl.gz or a JSON array; each record's first user turn), or NAME=PATH: "
+                  "a benchmark's test split, its file or its publisher's folder, asked as the DFlash harness asks "
+                  "it (NAME: gsm8k, math500, aime2025, humaneval, mbpp, livecodebench, mt_bench, alpaca; "
+                  "docs/evaluation.md).", flag_values=FLAGS)
 flags.DEFINE_list("decoders", None, f"Any of {', '.join(spec_decoders())}, all from --checkpoint (default: DFlash and "
                   "every head the checkpoint holds; without --checkpoint, eval.decoders).", flag_values=FLAGS)
 flags.DEFINE_list("dloop_branches", None, "D-Loop's branch counts (prefixes verified together), e.g. 1,4: each "
                   "dloop method is measured at each, labelled LABEL.b4 for 4 (default eval.dloop_branches).",
                   flag_values=FLAGS)
-flags.DEFINE_integer("num_prompts", None, "Questions per dataset.", flag_values=FLAGS)
+flags.DEFINE_integer("num_prompts", None, "Questions per dataset: the first N of a question file; of a published "
+                     "benchmark, N chosen as the DFlash harness chooses them (0: its harness count; docs/evaluation.md).",
+                     flag_values=FLAGS)
 flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate per prompt.", flag_values=FLAGS)
 flags.DEFINE_float("temperature", None, "0: greedy; > 0: speculative sampling.", flag_values=FLAGS)
 flags.DEFINE_string("out", None, "Output directory.", flag_values=FLAGS)
@@ -83,7 +89,7 @@ def main(config):
     methods = parse_methods(FLAGS.checkpoints, decoders, FLAGS.checkpoint, s.dloop_branches)
     report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless, overridden=overridden)
     print(report_markdown(report))
-    print(f"results: {os.path.join(s.out_dir, 'results.json')}; plots: acceptance.png"
+    print(f"results: {os.path.join(s.out_dir, 'results.json')}, answers.jsonl; plots: acceptance.png, tau_and_speedup.png"
           f"{', tau_vs_iterations.png' if report['iteration_sweep'] else ''}")
     if failures:
         print(f"error: {failures} outputs differ from the target-only reference "

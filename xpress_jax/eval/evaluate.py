@@ -5,6 +5,7 @@ target-only decoding and every method, each method's row (`metrics.py`), and the
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -16,6 +17,9 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from xpress_jax import atomic
+from xpress_jax.data.benchmarks import HARNESS_COMMIT, Question
+from xpress_jax.data.chat import prompt_ids
 from xpress_jax.data.questions import dataset_label, load_dataset_entry
 from xpress_jax.report.published import target_name as published_target_name
 from xpress_jax.decoding.profile import component_times
@@ -27,8 +31,10 @@ from xpress_jax.eval.candidates import candidate_mode_agreement
 from xpress_jax.eval.metrics import compare_to_reference, summarise
 from xpress_jax.eval.report import write_outputs
 from xpress_jax.eval.settings import EvalSettings
+from xpress_jax.eval.workers import device_groups, replicas, run_on_workers
 from xpress_jax.methods import DECODERS, head_of, spec_decoders
 from xpress_jax.config import dtype
+from xpress_jax.timing import fastest_seconds
 from xpress_jax.models.build import build_drafter, build_head, build_target, describe_checkpoint, target_config
 
 log = logging.getLogger("xpress_jax.eval")
@@ -102,41 +108,83 @@ def _tokenizer(config):
 
 
 def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tuple[list[list[int]], int, list[int]]:
-    """Chat-formatted prompt ids; prompts over max_prompt_tokens are skipped (counted), never cut:
-    a cut prompt loses the end of the question and the assistant header."""
-    from xpress_jax.data.chat import prompt_ids
+    """Chat-formatted one-turn prompt ids; prompts over max_prompt_tokens are skipped (counted),
+    never cut: a cut prompt loses the end of the question and the assistant header."""
     tok = _tokenizer(config)
-    stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    encoded = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    encoded = [prompt_ids(tok, [{"role": "user", "content": q}], earlier_think_blocks=False) for q in questions]
     kept = [p for p in encoded if len(p) <= max_prompt_tokens]
-    return kept, len(encoded) - len(kept), stops
+    return kept, len(encoded) - len(kept), stop_ids(tok)
+
+
+def stop_ids(tok) -> list[int]:
+    return [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+
+
+@dataclasses.dataclass
+class Decoded:
+    """One decoder's responses, in order: their tokens, per-response statistics, and the seconds of
+    the call that decoded each (its batch; one response at batch 1) with and without the prefill."""
+    tokens: list[list[int]]
+    stats: dict[str, np.ndarray]  # DecodeStats fields, [n_responses, ...]
+    call_s: np.ndarray  # [n_responses]
+    decode_s: np.ndarray  # [n_responses] call_s less the prefill at the call's shapes (the harness's clock)
+    share_s: np.ndarray  # [n_responses] call_s over the call's rows: summed, each call counted once
+
+    @property
+    def seconds(self) -> float:
+        """Device seconds of all calls."""
+        return float(self.share_s.sum())
+
+    def concat(self, other: "Decoded") -> "Decoded":
+        stats = {k: np.concatenate([self.stats[k], other.stats[k]]) for k in self.stats} if self.stats else other.stats
+        return Decoded(self.tokens + other.tokens, stats,
+                       *(np.concatenate([getattr(self, f), getattr(other, f)]) for f in ("call_s", "decode_s", "share_s")))
+
+    def take(self, order: list[int]) -> "Decoded":
+        """The responses in `order`."""
+        return Decoded([self.tokens[i] for i in order], {k: v[order] for k, v in self.stats.items()},
+                       self.call_s[order], self.decode_s[order], self.share_s[order])
+
+
+EMPTY = Decoded([], {}, np.zeros(0), np.zeros(0), np.zeros(0))
 
 
 def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: int, desc: str,
-                branches: int = 1, reject_drafts: bool = False):
-    """Decodes every prompt (in batches); returns tokens, per-prompt stats and seconds (compile excluded)."""
+                branches: int = 1, reject_drafts: bool = False, prefill_s: float | None = None,
+                progress: bool = True) -> Decoded:
+    """Decodes every prompt (in batches of s.batch_size), each call timed (compile excluded). The
+    seconds of the same compiled call with a one-token budget (the prefill and its first token, no
+    verification step) are taken off each call for the harness's decode time; measured here unless
+    given."""
+    settings = s.decode(branches).for_decoder(decoder)
     kw = dict(decoder=decoder, max_new_tokens=s.max_new_tokens, temperature=s.temperature, seed=s.seed,
-              settings=s.decode(branches).for_decoder(decoder), pad_multiple=pad, stop_ids=stop_ids,
-              reject_drafts=reject_drafts)
+              settings=settings, pad_multiple=pad, stop_ids=stop_ids, reject_drafts=reject_drafts,
+              acceptance=s.acceptance)
     generate(models, prompts[:s.batch_size], warm_up=True, **kw)  # compile outside the timing
-    tokens, rows, seconds = [], [], 0.0
-    for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr):
+    if prefill_s is None:
+        prefill_s, _ = fastest_seconds(lambda: generate(models, prompts[:s.batch_size], warm_up=True, **kw), reps=2)
+    tokens, rows, call_s, share_s = [], [], [], []
+    for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr, disable=not progress):
         t0 = time.perf_counter()
         out = generate(models, prompts[i:i + s.batch_size], **kw)
-        seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         tokens += out.tokens
         rows.append(out.stats)
+        call_s += [seconds] * len(out.tokens)
+        share_s += [seconds / len(out.tokens)] * len(out.tokens)
     stats = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}  # [n_prompts, ...]
-    return tokens, stats, seconds
+    call_s = np.asarray(call_s)
+    return Decoded(tokens, stats, call_s, np.maximum(call_s - prefill_s, 0.0), np.asarray(share_s))
 
 
 def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_parallel: int = 1,
-                  overridden: frozenset[str] = frozenset()):
+                  overridden: frozenset[str] = frozenset(), devices=None):
     """The target once, each distinct drafter checkpoint once, and each method's head, the drafter
     and heads held and computed in `drafter_dtype`. tensor_parallel > 1: the target split over
     that many local devices, the drafters and heads replicated on them (decoding/devices.py).
-    `overridden`: the config keys the command line set (a head's recorded sizes win otherwise)."""
-    mesh = tensor_mesh(tensor_parallel, target_config(config))  # a bad count is refused before any weight is read
+    `overridden`: the config keys the command line set (a head's recorded sizes win otherwise);
+    `devices`: where the target is split (this process's first devices by default)."""
+    mesh = tensor_mesh(tensor_parallel, target_config(config), devices)  # a bad count is refused before any weight is read
     target = build_target(config, mesh=mesh)  # shard by shard: the split targets are those no device holds whole
     dtypes = {"dtype": dtype(drafter_dtype), "param_dtype": dtype(drafter_dtype)}
     drafters = {ckpt: build_drafter(config, target, ckpt, dtypes)
@@ -198,15 +246,33 @@ def tau_of(stats) -> float:
     return float(stats["committed"].sum() / stats["steps"].sum())
 
 
-def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s: EvalSettings, stop_ids, pad: int,
-            ds: str, check_lossless: bool) -> tuple[dict, dict | None]:
-    """One method's row on one dataset (with its time split, losslessness and candidate mode where
-    asked), and its tau at each count of the iteration sweep (decoders that iterate a Jacobi head
-    without D-Loop's branches; None otherwise)."""
+def check_lossless_cheaply(m: Method, spec: SpecModels, prompts, mine: Decoded, base: Decoded, s: EvalSettings,
+                           stop_ids, pad: int, ds: str) -> dict:
+    """The method's outputs against target-only decoding's (which the eval runs anyway for speedup);
+    only the responses that differ are decoded again with the exact reference where that is the
+    method's own verify pass (every draft refused): a response is lossless when it equals either."""
+    one_token = lossless_check(spec.target, prompts, mine.tokens, base.tokens)
+    if s.lossless_reference != "verify_pass":
+        return {**one_token, "reference_reruns": 0}
+    differ = [d["prompt"] for d in one_token["first_divergences"]]
+    reference = list(base.tokens)
+    if differ:
+        rerun = run_decoder(spec, [prompts[i] for i in differ], m.decoder, s, stop_ids, pad,
+                            f"{ds}/{m.label} reference", m.branches, reject_drafts=True, prefill_s=0.0)
+        for i, tokens in zip(differ, rerun.tokens):
+            reference[i] = tokens
+    result = lossless_check(spec.target, prompts, mine.tokens, reference)
+    return {**result, "reference_reruns": len(differ),
+            "against_target_only": {k: one_token[k] for k in ("mismatches", "mismatch_rate", "first_divergences")}}
+
+
+def measure(m: Method, spec: SpecModels, prompts, mine: Decoded, base: Decoded, s: EvalSettings, stop_ids,
+            pad: int, ds: str, check_lossless: bool) -> tuple[dict, dict | None]:
+    """One method's row on one dataset from its decoded responses (with its time split, losslessness
+    and candidate mode where asked), and its tau at each count of the iteration sweep (decoders that
+    iterate a Jacobi head without D-Loop's branches; None otherwise)."""
     loop = DECODERS[m.decoder].loop
-    tokens, stats, seconds = run_decoder(spec, prompts, m.decoder, s, stop_ids, pad, f"{ds}/{m.label}", m.branches)
-    r = summarise(tokens, stats, seconds, baseline["tokens_per_s"], s.decode().drafted(spec.drafter.cfg.block_size),
-                  loop=loop)
+    r = summarise(mine, base, s.decode().drafted(spec.drafter.cfg.block_size), loop=loop)
     r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
     if loop:
         r["branches"] = m.branches
@@ -214,40 +280,130 @@ def measure(m: Method, spec: SpecModels, prompts, baseline: dict, base_tokens, s
         r["time_split"] = component_times(spec, prompts[0], decoder=m.decoder, max_new_tokens=s.max_new_tokens,
                                           pad_multiple=pad, settings=s.decode(m.branches).for_decoder(m.decoder))
     if check_lossless and s.temperature == 0:
-        if s.lossless_reference == "verify_pass":  # this method's loop, every draft refused (auto is resolved)
-            reference, _, _ = run_decoder(spec, prompts, m.decoder, s, stop_ids, pad, f"{ds}/{m.label} reference",
-                                          m.branches, reject_drafts=True)
-            one_token = lossless_check(spec.target, prompts, tokens, base_tokens)
-            r["against_target_only"] = {k: one_token[k] for k in ("mismatches", "mismatch_rate", "first_divergences")}
-        else:
-            reference = base_tokens
-        r.update(lossless_check(spec.target, prompts, tokens, reference))
+        r.update(check_lossless_cheaply(m, spec, prompts, mine, base, s, stop_ids, pad, ds))
     log.info("%s / %s: tau %.3f, %.1f tokens/s, speedup %s", ds, m.label, r["tau"], r["tokens_per_s"], r["speedup"])
     if loop or "max_iters" not in DECODERS[m.decoder].knobs:
         return r, None
     if s.candidate_k > 0 and s.temperature == 0 and s.top_k == 0:  # candidate mode against the exact refiner
-        r["candidate"] = candidate_mode_agreement(spec, list(zip(prompts, base_tokens)), s.decode(),
+        r["candidate"] = candidate_mode_agreement(spec, list(zip(prompts, base.tokens)), s.decode(),
                                                   top_k=s.candidate_k)
         in_candidate_mode = dataclasses.replace(s, top_k=s.candidate_k)
-        _, stats_k, _ = run_decoder(spec, prompts, m.decoder, in_candidate_mode, stop_ids, pad,
-                                    f"{ds}/{m.label} top-{s.candidate_k}")
-        r["candidate"].update(tau=tau_of(stats_k), tau_exact=r["tau"])
+        at_k = run_decoder(spec, prompts, m.decoder, in_candidate_mode, stop_ids, pad,
+                           f"{ds}/{m.label} top-{s.candidate_k}", prefill_s=0.0)
+        r["candidate"].update(tau=tau_of(at_k.stats), tau_exact=r["tau"])
     sweep = {}
     for iterations in s.iteration_sweep:
         at = dataclasses.replace(s, max_iters=int(iterations))
-        _, stats_i, _ = run_decoder(spec, prompts, m.decoder, at, stop_ids, pad, f"{ds}/{m.label} {iterations} it.")
-        sweep[str(iterations)] = tau_of(stats_i)
+        swept = run_decoder(spec, prompts, m.decoder, at, stop_ids, pad, f"{ds}/{m.label} {iterations} it.",
+                            prefill_s=0.0)
+        sweep[str(iterations)] = tau_of(swept.stats)
     return r, sweep or None
 
 
-def example(config, questions: list[str], max_prompt_tokens: int, answer: list[int], rows: dict) -> dict:
-    """The first kept prompt of a dataset as text: its question, the target's answer, and each
+def example(tok, question: Question, answer: list[int], rows: dict) -> dict:
+    """The first question of a dataset as text: its first turn, the target's answer, and each
     method's target passes over it (what a reader looks at first)."""
-    from xpress_jax.data.chat import prompt_ids
-    tok = _tokenizer(config)
-    question = next(q for q in questions if len(prompt_ids(tok, [{"role": "user", "content": q}])) <= max_prompt_tokens)
-    return {"question": question, "answer": tok.decode(answer, skip_special_tokens=True),
+    return {"question": question.turns[0], "answer": tok.decode(answer, skip_special_tokens=True),
             "target_passes": {label: int(r["per_prompt"]["steps"][0]) for label, r in rows.items() if "per_prompt" in r}}
+
+
+def conversation(question: Question, answers: list[str], turn: int) -> list[dict]:
+    """The messages before turn `turn`'s answer: each earlier turn with this decoder's own answer to it."""
+    messages = []
+    for t in range(turn + 1):
+        messages.append({"role": "user", "content": question.turns[t]})
+        if t < turn:
+            messages.append({"role": "assistant", "content": answers[t]})
+    return messages
+
+
+def decode_dataset(ds: str, questions: list[Question], decoders: dict, s: EvalSettings, tok, stops, pad0: int,
+                   progress: bool = True):
+    """Every response of one dataset for each decoder (label -> (SpecModels, Method or None for
+    target-only)): turn by turn, a later turn asked after the decoder's own earlier answers (MT-Bench's
+    second turn, as the DFlash harness asks it). Returns ({label: (prompts, Decoded)}, responses:
+    [{"source", "turn"}]) in question order, each question's turns in order."""
+    answers = {label: [[] for _ in questions] for label in decoders}
+    prompts = {label: [] for label in decoders}
+    decoded = {label: EMPTY for label in decoders}
+    where = []  # (question, turn) of each response in decode order
+    for turn in range(max((len(q.turns) for q in questions), default=0)):
+        asked = [i for i, q in enumerate(questions) if len(q.turns) > turn]
+        ids = {label: [prompt_ids(tok, conversation(questions[i], answers[label][i], turn), earlier_think_blocks=False)
+                       for i in asked] for label in decoders}
+        pad = pad0 if turn == 0 else shared_length([len(p) for p in sum(ids.values(), [])], s.prefill_chunk)
+        for label, (spec, m) in decoders.items():
+            desc = f"{ds}/{label}" + (f" turn {turn + 1}" if turn else "")
+            out = run_decoder(spec, ids[label], m.decoder if m else "target", s, stops, pad, desc,
+                              m.branches if m else 1, progress=progress)
+            for i, tokens in zip(asked, out.tokens):
+                answers[label][i].append(tok.decode(tokens, skip_special_tokens=True))
+            prompts[label] += ids[label]
+            decoded[label] = decoded[label].concat(out)
+        where += [(i, turn) for i in asked]
+    order = sorted(range(len(where)), key=lambda k: where[k])
+    responses = [{"question": where[k][0], "source": questions[where[k][0]].source, "turn": where[k][1] + 1}
+                 for k in order]
+    return {label: ([prompts[label][k] for k in order], decoded[label].take(order)) for label in decoders}, responses
+
+
+def decode_on_workers(ds: str, questions: list[Question], local: list[dict], s: EvalSettings, tok, stops,
+                      pad0: int):
+    """decode_dataset with the questions split over every worker (`eval/workers.py`), merged back
+    into question order; each response records the worker that decoded it."""
+    def work(decoders, indices, worker):
+        decoded, responses = decode_dataset(ds, [questions[i] for i in indices], decoders, s, tok, stops, pad0,
+                                            progress=worker == 0)
+        for r in responses:
+            r.update(question=indices[r["question"]], device=worker)
+        return decoded, responses
+    parts = run_on_workers(work, len(questions), local)
+    responses = [r for _, part in parts for r in part]
+    order = sorted(range(len(responses)), key=lambda k: (responses[k]["question"], responses[k]["turn"]))
+    merged = {}
+    for label in local[0]:
+        prompts = [p for decoded, _ in parts for p in decoded[label][0]]
+        runs = EMPTY
+        for decoded, _ in parts:
+            runs = runs.concat(decoded[label][1])
+        merged[label] = ([prompts[k] for k in order], runs.take(order))
+    return merged, [{k: responses[i][k] for k in ("source", "turn", "device")} for i in order]
+
+
+def answer_records(ds: str, decoded: dict, responses: list[dict], tok) -> list[dict]:
+    """One record per response and decoder (answers.jsonl): where the question came from, the turn,
+    the worker that decoded it, the answer as text and tokens, its target passes and the tokens each
+    pass committed, and whether it equals target-only decoding's answer."""
+    _, base = decoded["target"]
+    records = []
+    for label, (_, runs) in decoded.items():
+        for i, r in enumerate(responses):
+            steps = int(runs.stats["steps"][i])
+            records.append({"dataset": ds, "method": label, **r,
+                            "text": tok.decode(runs.tokens[i], skip_special_tokens=True), "tokens": runs.tokens[i],
+                            "steps": steps, "per_step": runs.stats["per_step"][i][:steps].astype(int).tolist(),
+                            "equals_target_only": runs.tokens[i] == base.tokens[i]})
+    return records
+
+
+def protocol(s: EvalSettings, sets: dict, workers: int) -> dict:
+    """Every choice that decides what the figures mean, as results.json records it."""
+    return {"harness": f"z-lab/dflash benchmark at {HARNESS_COMMIT} (docs/evaluation.md)",
+            "workers": f"{workers} (the questions split over devices and processes, each response decoded alone "
+                       f"on one of them; responses.DATASET[i].device)",
+            "datasets": sets,
+            "chat_template": "Qwen3, thinking off: the assistant header with an empty think block; earlier "
+                             "assistant turns as plain text",
+            "later_turns": "asked after the decoder's own answers to the earlier turns, each turn one response",
+            "batch_size": s.batch_size, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+            "acceptance": ("greedy" if s.temperature == 0 else
+                           {"rejection": "sampled drafts, rejection sampling (Leviathan et al.)",
+                            "match": "argmax drafts accepted while they equal the target's sampled tokens "
+                                     "(the DFlash harness)"}[s.acceptance]),
+            "tau": "tau_per_prompt_mean: mean over responses of each one's tokens per target pass (bonus "
+                   "included; the harness's); tau: pooled over all steps",
+            "speedup": "speedup_harness: target-only's mean decode seconds per output token over the method's, "
+                       "prefill excluded (the harness's); speedup: pooled tokens/s with prefill"}
 
 
 def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: bool = False,
@@ -261,35 +417,50 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     if len(set(labels)) != len(labels):
         raise InputError(f"eval.datasets {list(s.datasets)}: two entries are both called "
                          f"{next(x for x in labels if labels.count(x) > 1)!r}")
-    questions = {ds: load_dataset_entry(entry, s.num_prompts) for ds, entry in zip(labels, s.datasets)}
-    encoded = {ds: encode_prompts(config, questions[ds], s.max_prompt_tokens) for ds in labels}
-    for ds, (prompts, skipped, _) in encoded.items():
-        if not prompts:
+    sets = {ds: load_dataset_entry(entry, s.num_prompts) for ds, entry in zip(labels, s.datasets)}
+    tok = _tokenizer(config)
+    stops = stop_ids(tok)
+    questions, skipped_long, first_lengths = {}, {}, []
+    for ds, qs in sets.items():
+        lengths = [len(prompt_ids(tok, conversation(q, [], 0), earlier_think_blocks=False)) for q in qs.questions]
+        questions[ds] = [q for q, n in zip(qs.questions, lengths) if n <= s.max_prompt_tokens]
+        skipped_long[ds] = len(lengths) - len(questions[ds])
+        if not questions[ds]:
             raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
-    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel, overridden)
+        first_lengths += [n for n in lengths if n <= s.max_prompt_tokens]
+    groups = device_groups(s.devices, s.tensor_parallel)  # a bad count is refused before any weight is read
+    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel, overridden, groups[0])
     s = dataclasses.replace(s, lossless_reference=lossless_reference(s.lossless_reference, target.dtype))
     os.makedirs(s.out_dir, exist_ok=True)
-    # one padded prompt length for every dataset, the longest prompt's bucket: one program per decoder setting
-    pad = shared_length([len(p) for prompts, _, _ in encoded.values() for p in prompts], s.prefill_chunk)
-    results, sweep, skipped_long, examples = {}, {}, {}, {}
+    # one padded length for every dataset's first turns, the longest one's bucket: one program per decoder setting
+    pad = shared_length(first_lengths, s.prefill_chunk)
+    results, sweep, examples, responses = {}, {}, {}, {}
+    decoders = {"target": (SpecModels(target), None), **{m.label: (models[m.label], m) for m in methods}}
+    local = replicas(decoders, groups, target.cfg)  # the first group holds `decoders` themselves
+    answers = []
     for ds in labels:
-        prompts, skipped_long[ds], stop_ids = encoded[ds]
-        base_tokens, base_stats, base_s = run_decoder(SpecModels(target), prompts, "target", s, stop_ids, pad,
-                                                      f"{ds}/target")
-        baseline = summarise(base_tokens, base_stats, base_s, None)
-        results[ds] = {"target": {**baseline, "speedup": 1.0, "accept_per_position": []}}
+        decoded, responses[ds] = decode_on_workers(ds, questions[ds], local, s, tok, stops, pad)
+        answers += answer_records(ds, decoded, responses[ds], tok)
+        _, base = decoded["target"]
+        results[ds] = {"target": {**summarise(base, base, None), "accept_per_position": []}}
         for m in methods:
-            results[ds][m.label], by_iterations = measure(m, models[m.label], prompts, baseline, base_tokens, s,
-                                                          stop_ids, pad, ds, check_lossless)
+            prompts, mine = decoded[m.label]
+            # the first turns' programs serve every later call; a longer later turn takes its own bucket
+            method_pad = max(pad, shared_length([len(p) for p in prompts], s.prefill_chunk))
+            results[ds][m.label], by_iterations = measure(m, models[m.label], prompts, mine, base, s, stops,
+                                                          method_pad, ds, check_lossless)
             if by_iterations:
                 sweep.setdefault(ds, {})[m.label] = by_iterations
         compare_to_reference(results[ds])
-        examples[ds] = example(config, questions[ds], s.max_prompt_tokens, base_tokens[0], results[ds])
+        examples[ds] = example(tok, questions[ds][0], base.tokens[0], results[ds])
     one_checkpoint = len({m.checkpoint for m in methods}) == 1
     report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "settings": s.as_dict(),
-              # what the speedups were measured with
+              "protocol": protocol(s, {ds: {**sets[ds].protocol, "skipped_long_prompts": skipped_long[ds],
+                                            "responses": len(responses[ds])} for ds in labels},
+                                   workers=len(groups) * jax.process_count()),
               # the published model this target's shape is, whose papers' figures results.md sets beside
               "published_target": published_target_name(target.cfg),
+              # what the speedups were measured with
               "dtypes": {"target": config.target_param_dtype, "target_compute": config.dtype,
                          "drafter_and_heads": s.drafter_dtype},
               "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,
@@ -297,7 +468,8 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
                           for m in methods},
               **describe_checkpoint(methods[0].checkpoint if one_checkpoint else ""),
               "skipped_long_prompts": skipped_long, "padded_prompt_length": pad, "results": results,
-              "iteration_sweep": sweep, "examples": examples}
+              "responses": responses, "iteration_sweep": sweep, "examples": examples}
     write_outputs(report, s.out_dir)
+    atomic.write_text(os.path.join(s.out_dir, "answers.jsonl"), "".join(json.dumps(a) + "\n" for a in answers))
     failures = sum(r.get("mismatches", 0) for rows in results.values() for r in rows.values())
     return report, failures

@@ -1,5 +1,6 @@
-"""An eval report for readers: results.md (one table per report, the paired ratios below it),
-acceptance.png and, with an iteration sweep, tau_vs_iterations.png; results.json beside them."""
+"""An eval report for readers: results.md (benchmarks by methods as the papers tabulate them, then
+every figure, the paired ratios below it), acceptance.png, tau_and_speedup.png and, with an iteration
+sweep, tau_vs_iterations.png; results.json beside them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,14 @@ def repetition_cell(r: dict) -> str:
     return f"{r['repetition_rate']:.3f} ({r['drafter_repetition_rate']:.3f})"
 
 
+def harness_speedup_cell(r: dict) -> str:
+    """The harness's speedup (mean decode seconds per token, prefill excluded) with its interval."""
+    if r.get("speedup_harness") is None:
+        return "-"
+    ci = r.get("speedup_harness_ci95")
+    return f"{r['speedup_harness']:.2f}x" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+
+
 def ratio_cell(c: dict | None) -> str:
     """A paired tau ratio with its 95% interval ("1.052 (0.98-1.12)"); "-" without one."""
     return f"{c['ratio']:.3f} ({c['ci95'][0]:.2f}-{c['ci95'][1]:.2f})" if c else "-"
@@ -31,10 +40,11 @@ def markdown(results: dict, published_cell=None) -> str:
             return "-"
         return "yes" if r["lossless"] else f"NO ({r['mismatches']}/{r['n_prompts']} prompts)"
     rows = [[ds, label, f"{r['tau']:.3f}", f"{r['tau_per_prompt_mean']:.3f}", repetition_cell(r),
-             f"{r['tokens_per_s']:.1f}", "-" if r["speedup"] is None else r["speedup"], lossless(r)]
+             f"{r['tokens_per_s']:.1f}", "-" if r["speedup"] is None else r["speedup"], harness_speedup_cell(r),
+             lossless(r)]
             for ds, by_label in results.items() for label, r in by_label.items()]
     header = ["dataset", "method", "tau", "tau (per-prompt mean)", "repetition (drafter's block)", "tokens/s",
-              "speedup", "lossless"]
+              "speedup", "speedup (decode, harness; 95%)", "lossless"]
     if published_cell is not None:
         header.append("published")
         for row in rows:
@@ -48,6 +58,34 @@ def markdown(results: dict, published_cell=None) -> str:
                  "prompts (an interval holding 1 is no evidence of an ordering):\n\n")
         text += markdown_table(["dataset", "method", "reference", "tau ratio", "95% interval"], compared)
     return text
+
+
+def papers_table(report: dict, found: list) -> str:
+    """Benchmarks by methods, as the papers tabulate them: each cell the harness's tau and speedup
+    (mean over responses; decode time per token, prefill excluded), a published figure of the same
+    definition beside it where the papers' text gives one for that benchmark, and the mean over
+    this run's benchmarks."""
+    results, methods = report["results"], {**report["methods"], "target": {"decoder": "target"}}
+    datasets = list(results)
+    labels = list(dict.fromkeys(label for rows in results.values() for label in rows if label != "target"))
+
+    def cell(ds, label):
+        r = results[ds].get(label)
+        if r is None:
+            return "-"
+        speedup = "-" if r.get("speedup_harness") is None else f"{r['speedup_harness']:.2f}x"
+        text = f"{r['tau_per_prompt_mean']:.2f} / {speedup}"
+        theirs = published.same_definition(found, ds, methods.get(label, {}))
+        return text + (f" ({theirs})" if theirs else "")
+
+    rows = []
+    for label in labels:
+        measured = [results[ds][label] for ds in datasets if label in results[ds]]
+        speedups = [r["speedup_harness"] for r in measured if r.get("speedup_harness")]
+        mean = (f"{sum(r['tau_per_prompt_mean'] for r in measured) / len(measured):.2f} / "
+                f"{sum(speedups) / len(speedups):.2f}x" if speedups else "-")
+        rows.append([label] + [cell(ds, label) for ds in datasets] + [mean])
+    return markdown_table(["method"] + datasets + [f"mean ({len(datasets)})"], rows)
 
 
 def dtypes_line(report: dict) -> str:
@@ -72,13 +110,18 @@ def report_markdown(report: dict) -> str:
     if found:
         methods = {**report["methods"], "target": {"decoder": "target"}}
         cell = lambda ds, label: published.cell(found, ds, methods.get(label, {}))  # noqa: E731
-    text = dtypes_line(report) + "\n\n" + markdown(report["results"], cell)
+    text = dtypes_line(report) + "\n\n"
+    text += ("As the papers tabulate: tau / speedup as the DFlash harness reports them (tau: mean over responses, "
+             "bonus token included; speedup: target-only's mean decode time per token over the method's, prefill "
+             "excluded)" + (", a published figure of the same definition in brackets" if found else "") + ":\n\n")
+    text += papers_table(report, found) + "\nEvery figure, with the pooled ones and the intervals:\n\n"
+    text += markdown(report["results"], cell)
     rows = published.means_table(report, found)
     if rows:
-        text += (f"\nThe papers' means for {report['published_target']} at T = {report['settings']['temperature']:g} "
-                 "against this run's mean over its datasets (their benchmark sets and prompts differ from a "
-                 "run's unless it used the same):\n\n")
-        text += markdown_table(["method", "metric", "published", "this run", "datasets", "source"], rows)
+        text += (f"\nThe papers' means for {report['published_target']} at T = {report['settings']['temperature']:g}, "
+                 "beside this run's mean of the same definition only over the same benchmarks (the papers' text "
+                 "does not name all of them; docs/evaluation.md, \"The published figures\"):\n\n")
+        text += markdown_table(["method", "metric", "published", "this run", "benchmarks", "source"], rows)
     return text
 
 
@@ -88,6 +131,7 @@ def write_outputs(report: dict, out_dir: str) -> None:
     atomic.write_text(os.path.join(out_dir, "results.md"), report_markdown(report))
     plots.acceptance_per_position({ds: {h: r for h, r in v.items() if h != "target"} for ds, v in results.items()},
                                   os.path.join(out_dir, "acceptance.png"))
+    plots.by_benchmark(results, os.path.join(out_dir, "tau_and_speedup.png"))
     if sweep:
         reference = {ds: {h: r["tau"] for h, r in v.items() if h != "target" and h not in sweep.get(ds, {})}
                      for ds, v in results.items()}  # the methods without a sweep, as flat lines
