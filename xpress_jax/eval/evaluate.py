@@ -34,7 +34,6 @@ from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.eval.workers import device_groups, replicas, run_on_workers
 from xpress_jax.methods import DECODERS, head_of, spec_decoders
 from xpress_jax.config import dtype
-from xpress_jax.timing import fastest_seconds
 from xpress_jax.models.build import build_drafter, build_head, build_target, describe_checkpoint, target_config
 
 log = logging.getLogger("xpress_jax.eval")
@@ -161,8 +160,10 @@ def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: i
               settings=settings, pad_multiple=pad, stop_ids=stop_ids, reject_drafts=reject_drafts,
               acceptance=s.acceptance)
     generate(models, prompts[:s.batch_size], warm_up=True, **kw)  # compile outside the timing
-    if prefill_s is None:
-        prefill_s, _ = fastest_seconds(lambda: generate(models, prompts[:s.batch_size], warm_up=True, **kw), reps=2)
+    if prefill_s is None:  # the compiled call once more, timed
+        t0 = time.perf_counter()
+        generate(models, prompts[:s.batch_size], warm_up=True, **kw)  # returns host arrays: it has finished
+        prefill_s = time.perf_counter() - t0
     tokens, rows, call_s, share_s = [], [], [], []
     for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr, disable=not progress):
         t0 = time.perf_counter()
@@ -331,7 +332,8 @@ def decode_dataset(ds: str, questions: list[Question], decoders: dict, s: EvalSe
         asked = [i for i, q in enumerate(questions) if len(q.turns) > turn]
         ids = {label: [prompt_ids(tok, conversation(questions[i], answers[label][i], turn), earlier_think_blocks=False)
                        for i in asked] for label in decoders}
-        pad = pad0 if turn == 0 else shared_length([len(p) for p in sum(ids.values(), [])], s.prefill_chunk)
+        # a later turn reuses the first turns' programs when its prompts fit them
+        pad = max(pad0, shared_length([len(p) for p in sum(ids.values(), [])], s.prefill_chunk))
         for label, (spec, m) in decoders.items():
             desc = f"{ds}/{label}" + (f" turn {turn + 1}" if turn else "")
             out = run_decoder(spec, ids[label], m.decoder if m else "target", s, stops, pad, desc,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -56,7 +58,7 @@ def by_benchmark(results: dict, path: str) -> None:
             values = [results[ds].get(label, {}).get(key) or 0.0 for ds in datasets]
             ax.bar([d + (i - (len(labels) - 1) / 2) * width for d in range(len(datasets))], values, width,
                    label=label)
-        ax.set_xticks(range(len(datasets)), datasets, rotation=30, ha="right")
+        ax.set_xticks(range(len(datasets)), [os.path.basename(ds) for ds in datasets], rotation=30, ha="right")
         ax.set(title=title)
         if key == "speedup_harness":
             ax.axhline(1.0, color="black", lw=0.8)
