@@ -80,11 +80,12 @@ def qwen3_tokenizer_dir(tmp_path_factory):
 # the run and the two workers end together; files not named here take under 5 s. The files with
 # whole-pipeline tests are in the order that balances a --pipeline=only run (the smoke reproduction
 # alone takes two minutes). xdist would order files by their number of tests.
-SLOW_FILES_FIRST = ("test_eval.py", "test_trainer.py", "test_reproduce.py", "test_bench.py", "test_speculative.py",
-                    "test_dloop.py", "test_verify_tokens.py", "test_qwen3.py", "test_validation.py", "test_launch.py",
-                    "test_notebook.py", "test_tools.py", "test_decode_devices.py", "test_loop_copies.py",
-                    "test_continuous.py", "test_drafter.py", "test_jacobi.py", "test_kernels.py", "test_export.py",
-                    "test_losses.py", "test_methods.py", "test_heads.py", "test_checkpoints.py", "test_pretrain.py")
+SLOW_FILES_FIRST = ("test_eval.py", "test_trainer.py", "test_reproduce.py", "test_bench.py", "test_eval_protocol.py",
+                    "test_speculative.py", "test_dloop.py", "test_verify_tokens.py", "test_qwen3.py",
+                    "test_validation.py", "test_launch.py", "test_notebook.py", "test_tools.py",
+                    "test_decode_devices.py", "test_loop_copies.py", "test_continuous.py", "test_drafter.py",
+                    "test_jacobi.py", "test_kernels.py", "test_export.py", "test_losses.py", "test_methods.py",
+                    "test_heads.py", "test_checkpoints.py", "test_pretrain.py")
 
 
 def pytest_addoption(parser):
