@@ -110,7 +110,7 @@ def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tupl
     """Chat-formatted one-turn prompt ids; prompts over max_prompt_tokens are skipped (counted),
     never cut: a cut prompt loses the end of the question and the assistant header."""
     tok = _tokenizer(config)
-    encoded = [prompt_ids(tok, [{"role": "user", "content": q}], earlier_think_blocks=False) for q in questions]
+    encoded = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
     kept = [p for p in encoded if len(p) <= max_prompt_tokens]
     return kept, len(encoded) - len(kept), stop_ids(tok)
 
@@ -122,12 +122,11 @@ def stop_ids(tok) -> list[int]:
 @dataclasses.dataclass
 class Decoded:
     """One decoder's responses, in order: their tokens, per-response statistics, and the seconds of
-    the call that decoded each (its batch; one response at batch 1) with and without the prefill."""
+    the call that decoded each (its batch; one response at batch 1)."""
     tokens: list[list[int]]
     stats: dict[str, np.ndarray]  # DecodeStats fields, [n_responses, ...]
-    call_s: np.ndarray  # [n_responses]
-    decode_s: np.ndarray  # [n_responses] call_s less the prefill at the call's shapes (the harness's clock)
-    share_s: np.ndarray  # [n_responses] call_s over the call's rows: summed, each call counted once
+    decode_s: np.ndarray  # [n_responses] the call's seconds less the prefill's (the harness's clock)
+    share_s: np.ndarray  # [n_responses] the call's seconds over its rows: summed, each call counted once
 
     @property
     def seconds(self) -> float:
@@ -137,15 +136,15 @@ class Decoded:
     def concat(self, other: "Decoded") -> "Decoded":
         stats = {k: np.concatenate([self.stats[k], other.stats[k]]) for k in self.stats} if self.stats else other.stats
         return Decoded(self.tokens + other.tokens, stats,
-                       *(np.concatenate([getattr(self, f), getattr(other, f)]) for f in ("call_s", "decode_s", "share_s")))
+                       *(np.concatenate([getattr(self, f), getattr(other, f)]) for f in ("decode_s", "share_s")))
 
     def take(self, order: list[int]) -> "Decoded":
         """The responses in `order`."""
         return Decoded([self.tokens[i] for i in order], {k: v[order] for k, v in self.stats.items()},
-                       self.call_s[order], self.decode_s[order], self.share_s[order])
+                       self.decode_s[order], self.share_s[order])
 
 
-EMPTY = Decoded([], {}, np.zeros(0), np.zeros(0), np.zeros(0))
+EMPTY = Decoded([], {}, np.zeros(0), np.zeros(0))
 
 
 def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: int, desc: str,
@@ -164,18 +163,17 @@ def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: i
         t0 = time.perf_counter()
         generate(models, prompts[:s.batch_size], warm_up=True, **kw)  # returns host arrays: it has finished
         prefill_s = time.perf_counter() - t0
-    tokens, rows, call_s, share_s = [], [], [], []
+    tokens, rows, decode_s, share_s = [], [], [], []
     for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr, disable=not progress):
         t0 = time.perf_counter()
         out = generate(models, prompts[i:i + s.batch_size], **kw)
         seconds = time.perf_counter() - t0
         tokens += out.tokens
         rows.append(out.stats)
-        call_s += [seconds] * len(out.tokens)
+        decode_s += [max(seconds - prefill_s, 0.0)] * len(out.tokens)
         share_s += [seconds / len(out.tokens)] * len(out.tokens)
     stats = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}  # [n_prompts, ...]
-    call_s = np.asarray(call_s)
-    return Decoded(tokens, stats, call_s, np.maximum(call_s - prefill_s, 0.0), np.asarray(share_s))
+    return Decoded(tokens, stats, np.asarray(decode_s), np.asarray(share_s))
 
 
 def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_parallel: int = 1,
