@@ -21,6 +21,19 @@ def run(*args, timeout=300, env_extra=None):
                           timeout=timeout)
 
 
+def start_processes(count, command, *args):
+    """`launch/local_multiprocess.sh COUNT COMMAND ARGS...`: COUNT processes of `python -m
+    xpress_jax.COMMAND` with two CPU devices each, coordinated over localhost (a new session, so
+    os.killpg stops the launcher and every process)."""
+    import portpicker
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XPRESS_TEST_XLA_FLAGS", ""),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+           "XPRESS_PORT": str(portpicker.pick_unused_port())}
+    return subprocess.Popen(["bash", os.path.join(ROOT, "launch", "local_multiprocess.sh"), str(count), command,
+                             *args], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
 def invoke(module, *args):
     """`python -m module args...` in this process, through the command's own `cli.run` arguments."""
     from xpress_jax import cli

@@ -91,7 +91,7 @@ SLOW_FILES_FIRST = ("test_eval.py", "test_trainer.py", "test_reproduce.py", "tes
 def pytest_addoption(parser):
     parser.addoption("--pipeline", choices=("skip", "only", "all"), default="skip",
                      help="the whole-pipeline tests (marked `pipeline`: the smoke reproduction, gpu.sh --dry_run, "
-                          "two-process training, the notebook): skip them (default, unless their file is named or -m "
+                          "two-process training and eval, the notebook): skip them (default, unless their file is named or -m "
                           "names the marker), run only them (CI's second step) or run everything")
 
 

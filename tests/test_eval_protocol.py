@@ -11,6 +11,7 @@ import pytest
 from cli_helpers import invoke
 from xpress_jax.checkpoints.heads import save_head
 
+MT_BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "benchmarks", "mt_bench")
 
 
 def test_the_papers_protocol_runs_on_the_tiny_target(tmp_path, monkeypatch):
@@ -117,3 +118,64 @@ def test_eval_splits_the_questions_over_devices_and_gives_the_one_device_answers
     assert sorted(devices.count(d) for d in range(4)) == [2, 2, 2, 2] and set(devices) == {0, 1, 2, 3}
     assert {r["device"] for r in runs[1, "report"]["responses"]["gsm8k"]} == {0}
     assert all(a["equals_target_only"] for a in runs[4])
+
+
+@pytest.mark.pipeline
+def test_eval_over_two_processes_gives_the_one_device_answers(tmp_path):
+    """Two processes of two devices each (`launch/local_multiprocess.sh 2 eval`), MT-Bench's two
+    turns and GSM8K: every response's tokens and target passes equal the one-device run's, each of
+    the four workers decoded its share, and only process 0 printed the table and wrote the outputs."""
+    from cli_helpers import start_processes
+    from xpress_jax import assets
+    args = (f"--config.target.hf_dir={assets.TINY_TARGET}", f"--checkpoints=dflash={assets.TINY_DFLASH}",
+            f"--datasets=gsm8k,mt_bench={MT_BENCH}", "--num_prompts=4", "--max_new_tokens=12", "--config.eval.time_split=false")
+    one = invoke("xpress_jax.eval", *args, "--config.eval.devices=1", f"--out={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr[-3000:]
+    run = start_processes(2, "eval", *args, "--config.eval.devices=0", f"--out={tmp_path / 'two'}")
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == 0, err[-3000:]
+    assert out.count("results: ") == 1 and out.count("| method | gsm8k | mt_bench |") == 1, out
+    answers = {n: [json.loads(line) for line in (tmp_path / n / "answers.jsonl").read_text().splitlines()]
+               for n in ("one", "two")}
+    key = lambda a: (a["dataset"], a["method"], a["source"], a["turn"], a["prompt_tokens"])  # noqa: E731
+    assert [key(a) for a in answers["one"]] == [key(a) for a in answers["two"]]
+    assert len(answers["one"]) == 2 * (4 + 8)  # two decoders; MT-Bench asks two turns
+    assert [(a["tokens"], a["per_step"]) for a in answers["one"]] == [(a["tokens"], a["per_step"])
+                                                                      for a in answers["two"]]
+    report = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert report["protocol"]["workers"].startswith("4 ")
+    devices = [r["device"] for r in report["responses"]["mt_bench"]]
+    assert sorted(devices) == [0, 0, 1, 1, 2, 2, 3, 3]  # one question (both its turns) per worker
+    assert [r["device"] for r in report["responses"]["gsm8k"]] == [0, 1, 2, 3]
+
+
+def test_a_later_turn_is_asked_after_the_decoders_own_answer():
+    """At T = 1 the drafter's sampled answers differ from target-only decoding's: each decoder's
+    second MT-Bench turn is prompted with exactly the conversation holding its own first answer,
+    rendered as Qwen3's template renders an earlier assistant turn."""
+    import dataclasses
+    from xpress_jax import assets
+    from xpress_jax.cli import DEFAULT_CONFIG, load_config
+    from xpress_jax.data.chat import load_tokenizer, prompt_ids
+    from xpress_jax.data.questions import load_dataset_entry
+    from xpress_jax.eval.evaluate import build_methods, conversation, decode_dataset, parse_methods, stop_ids
+    from xpress_jax.eval.settings import EvalSettings
+    from xpress_jax.decoding.speculative import SpecModels
+    config = load_config(DEFAULT_CONFIG)
+    config.target.hf_dir = assets.TINY_TARGET
+    methods = parse_methods([f"dflash={assets.TINY_DFLASH}"], (), "")
+    s = dataclasses.replace(EvalSettings.from_config(config.eval), temperature=1.0, max_new_tokens=12)
+    target, models = build_methods(config, methods, s.drafter_dtype)
+    decoders = {"target": (SpecModels(target), None), "dflash": (models["dflash"], methods[0])}
+    tok = load_tokenizer(assets.TINY_TARGET)
+    questions = load_dataset_entry(f"mt_bench={MT_BENCH}", 2).questions
+    decoded, responses = decode_dataset("mt_bench", questions, decoders, s, tok, stop_ids(tok), 64, progress=False)
+    assert [(r["source"], r["turn"]) for r in responses] == [(q.source, t) for q in questions for t in (1, 2)]
+    texts = {label: [tok.decode(t, skip_special_tokens=True) for t in runs.tokens]
+             for label, (_, runs) in decoded.items()}
+    assert texts["target"][0::2] != texts["dflash"][0::2]  # the two decoders' first answers differ
+    for label, (prompts, _) in decoded.items():
+        for k, r in enumerate(responses):
+            q = questions[k // 2]
+            earlier = [texts[label][k - 1]] if r["turn"] == 2 else []
+            assert prompts[k] == prompt_ids(tok, conversation(q, earlier, r["turn"] - 1), earlier_think_blocks=False)

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import numpy as np
-import portpicker
 import pytest
 
+from cli_helpers import start_processes
 from train_helpers import checkpoint_steps, final_params, override_args, train_config, wait_for_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +34,9 @@ def test_local_dry_run_prints_one_command_per_process():
         assert line.startswith(f"[process {i}] XPRESS_COORDINATOR=localhost:23456 XPRESS_NUM_PROCESSES=3 "
                                f"XPRESS_PROCESS_ID={i} JAX_PLATFORMS=cpu")
         assert line.endswith("python -m xpress_jax.train --config.train.steps=7")
+    r = launch("local_multiprocess.sh", "--dry_run", "2", "eval", "--datasets=gsm8k")
+    assert r.returncode == 0 and [line.endswith("python -m xpress_jax.eval --datasets=gsm8k")
+                                  for line in r.stdout.strip().splitlines()] == [True, True], r.stdout
 
 
 def test_slurm_dry_run_names_the_first_node_as_coordinator():
@@ -67,12 +70,7 @@ def test_launch_scripts_refuse_bad_arguments():
 
 
 def start_two_processes(out_dir, *args):
-    env = {**os.environ, "XLA_FLAGS": os.environ.get("XPRESS_TEST_XLA_FLAGS", ""),
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-           "XPRESS_PORT": str(portpicker.pick_unused_port())}
-    return subprocess.Popen(["bash", os.path.join(ROOT, "launch", "local_multiprocess.sh"), "2",
-                             *override_args(out_dir), *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return start_processes(2, "train", *override_args(out_dir), *args)
 
 
 def finish(run, timeout=900) -> str:

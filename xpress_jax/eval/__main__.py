@@ -13,8 +13,10 @@ papers tabulate them, then every figure), OUT/answers.jsonl (every answer of eve
 OUT/acceptance.png, OUT/tau_and_speedup.png and, with the xpress head, OUT/tau_vs_iterations.png.
 tau and speedup are reported as the official DFlash harness defines them (mean over responses; decode
 time per token, prefill excluded) beside the pooled figures. The questions are split over every
-local device (eval.devices). Without a target directory (random weights, a smoke run), prompts are byte-level
-(`data/byte_tokenizer.py`); a target directory without its tokenizer files is refused.
+local device (eval.devices) and over the processes of a multi-process run (process 0 writes the
+outputs; `launch/local_multiprocess.sh 2 eval ...` rehearses one on this machine). Without a target
+directory (random weights, a smoke run), prompts are byte-level (`data/byte_tokenizer.py`); a target
+directory without its tokenizer files is refused.
 `--config=configs/paper_eval.py` runs the papers' protocol (docs/evaluation.md).
 """
 
@@ -24,6 +26,7 @@ import dataclasses
 import os
 import sys
 
+import jax
 from absl import flags
 
 from xpress_jax import cli
@@ -33,6 +36,7 @@ from xpress_jax.eval.evaluate import checkpoint_decoders, evaluate, parse_method
 from xpress_jax.eval.report import report_markdown
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.methods import spec_decoders
+from xpress_jax.train.distributed import maybe_initialize_distributed
 
 FLAGS = flags.FlagValues()  # this command's own flags (cli.invoke parses them)
 flags.DEFINE_string("checkpoint", "", "Drafter directory (DFlash layout, heads/ beside it) for every --decoders; "
@@ -81,6 +85,7 @@ def settings(config) -> EvalSettings:
 
 def main(config):
     s = settings(config)
+    maybe_initialize_distributed(config)  # a multi-process run (XPRESS_COORDINATOR or train.distributed)
     cli.log_to_file(os.path.join(s.out_dir, "log.txt"))
     decoders = s.decoders
     overridden = cli.config_overrides(FLAGS)
@@ -88,9 +93,10 @@ def main(config):
         decoders = checkpoint_decoders(FLAGS.checkpoint)  # unless asked otherwise, what the checkpoint holds
     methods = parse_methods(FLAGS.checkpoints, decoders, FLAGS.checkpoint, s.dloop_branches)
     report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless, overridden=overridden)
-    print(report_markdown(report))
-    print(f"results: {os.path.join(s.out_dir, 'results.json')}, answers.jsonl; plots: acceptance.png, tau_and_speedup.png"
-          f"{', tau_vs_iterations.png' if report['iteration_sweep'] else ''}")
+    if jax.process_index() == 0:
+        print(report_markdown(report))
+        print(f"results: {os.path.join(s.out_dir, 'results.json')}, answers.jsonl; plots: acceptance.png, tau_and_speedup.png"
+              f"{', tau_vs_iterations.png' if report['iteration_sweep'] else ''}")
     if failures:
         print(f"error: {failures} outputs differ from the target-only reference "
               f"({report['settings']['lossless_reference']}; not lossless)", file=sys.stderr)

@@ -372,14 +372,15 @@ def decode_on_workers(ds: str, questions: list[Question], local: list[dict], s: 
 
 def answer_records(ds: str, decoded: dict, responses: list[dict], tok) -> list[dict]:
     """One record per response and decoder (answers.jsonl): where the question came from, the turn,
-    the worker that decoded it, the answer as text and tokens, its target passes and the tokens each
-    pass committed, and whether it equals target-only decoding's answer."""
+    the worker that decoded it, its prompt's length (a later turn's holds this decoder's own earlier
+    answers), the answer as text and tokens, its target passes and the tokens each pass committed,
+    and whether it equals target-only decoding's answer."""
     _, base = decoded["target"]
     records = []
-    for label, (_, runs) in decoded.items():
+    for label, (prompts, runs) in decoded.items():
         for i, r in enumerate(responses):
             steps = int(runs.stats["steps"][i])
-            records.append({"dataset": ds, "method": label, **r,
+            records.append({"dataset": ds, "method": label, **r, "prompt_tokens": len(prompts[i]),
                             "text": tok.decode(runs.tokens[i], skip_special_tokens=True), "tokens": runs.tokens[i],
                             "steps": steps, "per_step": runs.stats["per_step"][i][:steps].astype(int).tolist(),
                             "equals_target_only": runs.tokens[i] == base.tokens[i]})
@@ -411,7 +412,8 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
     """Runs target-only decoding once per dataset and every method against it; writes results.json,
     results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
     target-only decoding at temperature 0 when check_lossless). `overridden`: the config keys the
-    command line set (`build_methods`)."""
+    command line set (`build_methods`). In a multi-process run every process returns the whole report
+    (the measurements after decoding, such as the iteration sweep, run on each) and process 0 writes it."""
     # the questions and the tokenizer first: bad data is refused before any weight is read
     labels = [dataset_label(entry) for entry in s.datasets]  # NAME=PATH is reported as NAME
     if len(set(labels)) != len(labels):
@@ -469,7 +471,8 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
               **describe_checkpoint(methods[0].checkpoint if one_checkpoint else ""),
               "skipped_long_prompts": skipped_long, "padded_prompt_length": pad, "results": results,
               "responses": responses, "iteration_sweep": sweep, "examples": examples}
-    write_outputs(report, s.out_dir)
-    atomic.write_text(os.path.join(s.out_dir, "answers.jsonl"), "".join(json.dumps(a) + "\n" for a in answers))
+    if jax.process_index() == 0:  # every process holds the same report; one writes it
+        write_outputs(report, s.out_dir)
+        atomic.write_text(os.path.join(s.out_dir, "answers.jsonl"), "".join(json.dumps(a) + "\n" for a in answers))
     failures = sum(r.get("mismatches", 0) for rows in results.values() for r in rows.values())
     return report, failures
