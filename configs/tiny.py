@@ -25,5 +25,4 @@ def get_config() -> ml_collections.ConfigDict:
         mesh_shape=(-1, 1, 1), evaluation={"num_prompts": 4, "max_new_tokens": 24, "devices": 1},
         dtype="float32", target_param_dtype="float32")
     config.sample.max_new_tokens = 32
-    config.sample.max_len = 512
     return config

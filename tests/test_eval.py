@@ -9,6 +9,7 @@ from flax import nnx
 
 from cli_helpers import invoke, run
 from xpress_jax.checkpoints.heads import save_head
+from xpress_jax.checkpoints.target_record import write_record
 from xpress_jax.data.questions import load_questions
 
 
@@ -22,9 +23,10 @@ def eval_run(tmp_path_factory):
     from xpress_jax.cli import DEFAULT_CONFIG, load_config
     tmp_path = tmp_path_factory.mktemp("eval_run")
     config = load_config(DEFAULT_CONFIG)
-    _, drafter, heads = build_models(config, "", ("markov", "xpress"))
+    target, drafter, heads = build_models(config, "", ("markov", "xpress"))
     ckpt = tmp_path / "ckpt"
     save_drafter(drafter, str(ckpt), dtype=np.float32)
+    write_record(config, target.cfg, str(ckpt))  # as an export records its (random) target
     for name, head in heads.items():
         save_head(head, str(ckpt), name)
     out = tmp_path / "eval"
@@ -134,8 +136,9 @@ def test_checkpoints_per_method_are_parsed_into_labelled_methods(tmp_path):
     from xpress_jax.errors import InputError
     from xpress_jax.eval.evaluate import Method, parse_methods
     a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
+    for d in (a, b):
+        d.mkdir()
+        (d / "config.json").write_text("{}")  # parsing reads no further
     assert parse_methods([f"dflash={a}", f"xpress.frozen={b}", f"xpress={a}"], [], "") == [
         Method("dflash", "dflash", str(a)), Method("xpress.frozen", "xpress", str(b)), Method("xpress", "xpress", str(a))]
     assert parse_methods(None, ["dflash", "markov"], str(a)) == [Method("dflash", "dflash", str(a)),
@@ -374,8 +377,9 @@ def test_the_recipes_prompt_lengths_pad_to_the_longest_prompts_bucket_and_decode
     prompts = encode_prompts(config, [json.loads(line)["turns"][0] for line in questions.read_text().splitlines()],
                              10_000)[0]
     assert [len(p) for p in prompts] == list(lengths)
-    _, drafter, _ = build_models(config, "", ())
+    target, drafter, _ = build_models(config, "", ())
     save_drafter(drafter, str(tmp_path / "ckpt"), dtype=np.float32)
+    write_record(config, target.cfg, str(tmp_path / "ckpt"))
     out = tmp_path / "eval"
     r = invoke("xpress_jax.eval", f"--checkpoint={tmp_path / 'ckpt'}", "--decoders=dflash", f"--datasets={questions}",
                "--num_prompts=5", "--max_new_tokens=32", "--check_lossless", "--config.eval.max_prompt_tokens=2048",

@@ -71,7 +71,7 @@ def test_train_and_pretrain_share_the_run_sections_fields(recipe, tmp_path):
     # the loop and the optimizer read only these fields, so both sections drive them alike
     from xpress_jax.train import loop, state
     import optax
-    tx = state.make_optimizer(recipe.pretrain, 10)
+    tx = state.make_optimizer(recipe.pretrain, state.make_schedule(recipe.pretrain, 10))
     assert isinstance(tx, optax.GradientTransformation)
     for section in (recipe.train, recipe.pretrain):
         ckpt = loop.checkpointer(section, str(tmp_path / section.out_dir))

@@ -39,26 +39,6 @@ def test_logit_check_missing_directory(tmp_path):
     assert r.returncode == 2 and "no config.json" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_sample_runs_on_the_tiny_default():
-    r = run("xpress_jax.sample", "--config.sample.max_new_tokens=5")
-    assert r.returncode == 0, r.stderr
-    out = last_json(r.stdout)
-    assert out["new_tokens"] == 5 and len(out["tokens"]) == 5
-
-
-def test_sample_on_a_checkpoint_with_a_tokenizer(tmp_path, tiny_dirs, qwen3_tokenizer_dir):
-    import shutil
-    from conftest import make_hf_qwen3
-    ckpt = make_hf_qwen3(str(tmp_path / "ckpt"), vocab_size=151936, num_layers=1, hidden_size=16,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
-    for f in os.listdir(qwen3_tokenizer_dir):
-        shutil.copy(os.path.join(qwen3_tokenizer_dir, f), ckpt)
-    r = invoke("xpress_jax.sample", "--config.sample.max_new_tokens=3", f"--config.target.hf_dir={ckpt}")
-    assert r.returncode == 0, r.stderr
-    out = last_json(r.stdout)
-    assert out["prompt_tokens"] > 10 and isinstance(out["text"], str)
-
-
 @pytest.mark.parametrize("args, message", [
     (["--config.target.bogus=1"], "unknown config key 'target.bogus'"),
     (["--config.nope.x=1"], "unknown config key 'nope'"),

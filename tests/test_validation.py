@@ -83,11 +83,56 @@ def test_resuming_with_another_config_is_refused_and_the_record_kept(tmp_path):
     train(train_config(tmp_path, **{"train.steps": "4", "train.save_every": "2", "train.log_every": "2"}))
     assert (tmp_path / "config.json").read_text() == record
     # a deliberate change is accepted and recorded beside the original
-    r = invoke("xpress_jax.train", *override_args(tmp_path, **{"train.steps": "6", "train.save_every": "2",
-                                                               "train.allow_config_change": "true"}))
+    r = invoke("xpress_jax.train", *override_args(tmp_path, **{"train.steps": "4", "train.log_every": "2",
+                                                               "train.b2": "0.9", "train.allow_config_change": "true"}))
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "config.json").read_text() == record
-    assert json.loads((tmp_path / "config.resumed_at_4.json").read_text())["train"]["steps"] == 6
+    assert json.loads((tmp_path / "config.resumed_at_4.json").read_text())["train"]["b2"] == 0.9
+
+
+def test_a_start_that_fails_leaves_no_run_directory(tmp_path):
+    """A missing train.init_from is named as missing; one that is not a drafter fails after the
+    checkpoint manager made its folder: either way the new out_dir is gone."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for init_from, message in ((tmp_path / "missing", "train.init_from: directory"), (empty, "no config.json")):
+        out = tmp_path / "run"
+        r = invoke("xpress_jax.train", *override_args(out, **{"train.init_from": str(init_from)}))
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not out.exists()
+
+
+def test_a_longer_run_continues_its_schedule_and_never_restarts_it(tmp_path):
+    """A run of 12 steps stopped at 6, then given 20: refused without train.continue_schedule
+    (allow_config_change does not restart the schedule either); with it, the learning rate at step
+    7 is the old schedule's at its 6th update, and it falls by the recorded cosine to the end value
+    at step 20; a later resume (no flag needed) rebuilds the same schedule."""
+    from xpress_jax.train import schedule
+    from xpress_jax.train.run import train
+    from xpress_jax.train.state import make_schedule
+    common = {"train.save_every": "3", "train.final_lr_fraction": "0.1", "train.async_checkpointing": "false"}
+    config = train_config(tmp_path, **common, **{"train.steps": "12"})
+    train(config, stop_after=6)
+    for extra in ({}, {"train.allow_config_change": "true"}):
+        with pytest.raises(ConfigError, match=r"schedule ends at step 12, and this config runs 20 steps; "
+                                              r"--config.train.continue_schedule=true"):
+            train(train_config(tmp_path, **common, **{"train.steps": "20"}, **extra))
+    longer = train_config(tmp_path, **common, **{"train.steps": "20", "train.continue_schedule": "true"})
+    train(longer, stop_after=9)  # to step 15
+    old = make_schedule(config.train, 12)
+    # log.jsonl's lr has three significant digits
+    lr = {row["step"]: row["lr"] for row in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())}
+    assert lr[7] == pytest.approx(float(old(6)), rel=2e-3) and lr[6] == pytest.approx(float(old(5)), rel=2e-3)
+    segments = schedule.read(str(tmp_path))
+    assert segments[-1] == {"from_step": 6, "to_step": 20, "kind": "cosine_from", "from_lr": pytest.approx(float(old(6)))}
+    new = schedule.build(longer.train, segments)
+    for step in range(7, 16):
+        assert lr[step] == pytest.approx(float(new(step - 1)), rel=2e-3), step
+    assert lr[8] < lr[7]  # falling, never back up to the warmup's peak
+    train(train_config(tmp_path, **common, **{"train.steps": "20"}))  # resumes at 15 without the flag
+    lr = {row["step"]: row["lr"] for row in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())}
+    assert lr[20] == pytest.approx(float(new(19)), rel=2e-3)
+    assert float(new(20)) == pytest.approx(0.1 * longer.train.lr, rel=1e-6)
 
 
 def _corrupt(step_dir):

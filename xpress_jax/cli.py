@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -188,19 +189,27 @@ def log_to_file(path: str) -> None:
 
 
 def _discard_logs_of_refused_run() -> None:
-    """A run refused for bad input leaves nothing behind: a log file it opened (and the directories
-    made for it) goes, unless the run wrote anything else beside it (then the log is the record)."""
+    """A run refused for bad input leaves nothing behind: a log file it opened, the empty folders
+    made beside it (a checkpoint manager's) and the directories made for it go, unless the run
+    wrote any other file there (then the log is the record)."""
     for handler, path, is_new, made, opened in _LOG_FILES:
         logging.getLogger().removeHandler(handler)
         handler.close()
         folder = os.path.dirname(path)
         others = [n for n in os.listdir(folder) if os.path.join(folder, n) != path
                   and os.path.getmtime(os.path.join(folder, n)) >= opened - 1] if os.path.isdir(folder) else []
-        if is_new and not others and os.path.exists(path):
+        empty = [n for n in others if _holds_no_file(os.path.join(folder, n))]
+        if is_new and len(empty) == len(others) and os.path.exists(path):
             os.remove(path)
+            for n in empty:
+                shutil.rmtree(os.path.join(folder, n))
             for d in made:  # deepest first
                 if os.path.isdir(d) and not os.listdir(d):
                     os.rmdir(d)
+
+
+def _holds_no_file(path: str) -> bool:
+    return os.path.isdir(path) and not any(files for _, _, files in os.walk(path))
 
 
 def _close_log_files(refused: bool) -> None:

@@ -55,6 +55,10 @@ TOP = {"seed": Field(0, non_negative_int),
        "param_dtype": Field("float32", _dtype_name),  # master weights of what trains
        "target_param_dtype": Field("bfloat16", _dtype_name)}  # the frozen target needs no master copy
 
+# where the target is (empty: random init, or the target an evaluated drafter records); a given
+# target that differs from the recorded one is refused unless accept_other (checkpoints/target_record.py)
+TARGET = {"hf_dir": Field("", text()), "accept_other": Field(False, boolean)}
+
 TARGET_ARCH = {  # Hugging Face's names; `target.hf_dir`'s config.json replaces them when given
     "vocab_size": Field(REQUIRED, positive_int), "hidden_size": Field(REQUIRED, positive_int),
     "intermediate_size": Field(REQUIRED, positive_int), "num_hidden_layers": Field(REQUIRED, positive_int),
@@ -102,6 +106,9 @@ TRAIN = {
     # resuming with a different batch size, lr, seed, data... breaks exact resume and is refused;
     # True accepts it deliberately (the change is recorded beside the original config.json)
     "allow_config_change": Field(False, boolean),
+    # a resumed run whose length (steps, epochs) changed continues its learning-rate schedule from
+    # the newest checkpoint's step to the new last step (train/schedule.py); refused without it
+    "continue_schedule": Field(False, boolean),
     # a trained drafter to start from (DFlash layout: ours or a published one) and heads from
     # its heads/ folder where present; empty: random initialisation
     "init_from": Field("", text()),
@@ -180,7 +187,7 @@ PRETRAIN = {
 }
 
 SAMPLE = {"prompt": Field("Write a haiku about speculative decoding.", text(nonempty=True)),
-          "max_new_tokens": Field(64, positive_int), "max_len": Field(4096, positive_int)}
+          "max_new_tokens": Field(64, positive_int)}
 
 # The reproduction's section (configs/tiny_repro.py gives it whole).
 REPRODUCE = {
@@ -206,7 +213,7 @@ def loss_fields() -> dict[str, Field]:
 
 def fields() -> dict[str, Field]:
     """Every field by dotted key (the heads' as registered now)."""
-    sections = {"": TOP, "target.": {"hf_dir": Field("", text())}, "target.arch.": TARGET_ARCH, "drafter.": DRAFTER,
+    sections = {"": TOP, "target.": TARGET, "target.arch.": TARGET_ARCH, "drafter.": DRAFTER,
                 "heads.": heads_fields(), "train.": TRAIN, "train.loss.": loss_fields(), "data.": DATA,
                 "mesh.": MESH, "eval.": EVAL, "pretrain.": PRETRAIN, "sample.": SAMPLE, "reproduce.": REPRODUCE}
     return {prefix + name: f for prefix, section in sections.items() for name, f in section.items()}
@@ -225,7 +232,7 @@ def target_arch(**fields) -> ml_collections.ConfigDict:
     missing = sorted(set(TARGET_ARCH) - set(fields))
     if missing:
         raise ValueError(f"target_arch: missing {missing}")
-    return ml_collections.ConfigDict({"hf_dir": "", "arch": defaults(TARGET_ARCH, **fields)})
+    return ml_collections.ConfigDict({**defaults(TARGET), "arch": defaults(TARGET_ARCH, **fields)})
 
 
 def drafter_section(**changes) -> ml_collections.ConfigDict:

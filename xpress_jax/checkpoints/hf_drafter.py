@@ -13,7 +13,7 @@ from xpress_jax import atomic
 from xpress_jax.checkpoints.hf_qwen3 import layer_rules, load_into, save_from
 from xpress_jax.checkpoints.keymap import KeyRule
 from xpress_jax.checkpoints.safetensors_io import SafetensorsDir
-from xpress_jax.errors import CheckpointError, ConfigError, read_json
+from xpress_jax.errors import CheckpointError, ConfigError, InputError, read_json
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 
 DRAFTER_RULES: tuple[KeyRule, ...] = (
@@ -25,6 +25,22 @@ DRAFTER_RULES: tuple[KeyRule, ...] = (
 
 def drafter_rules(cfg: DrafterConfig) -> list[KeyRule]:
     return [r for rule in DRAFTER_RULES for r in rule.expand(cfg.num_hidden_layers)]
+
+
+def check_drafter_dir(path: str, what: str) -> None:
+    """A drafter directory named on the command line (`what`: the flag), refused in one line when it
+    is missing, is a training run's directory (its drafter is in export/) or holds no drafter."""
+    if not os.path.isdir(path):
+        raise InputError(f"{what}: directory {path!r} does not exist")
+    config_path = os.path.join(path, "config.json")
+    is_drafter = os.path.isfile(config_path) and "DFlashDraftModel" in (read_json(config_path).get("architectures")
+                                                                       or [])
+    exported = os.path.join(path, "export")
+    if not is_drafter and os.path.isfile(os.path.join(exported, "config.json")):
+        raise InputError(f"{what}: {path} is a training run; its drafter and heads are in {exported} "
+                         f"({what}={exported})")
+    if not os.path.isfile(config_path):
+        raise InputError(f"{what}: {path}: no config.json (expected a DFlash drafter directory)")
 
 
 def load_drafter(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh=None,

@@ -14,10 +14,22 @@ OUT/acceptance.png, OUT/tau_and_speedup.png and, with the xpress head, OUT/tau_v
 tau and speedup are reported as the official DFlash harness defines them (mean over responses; decode
 time per token, prefill excluded) beside the pooled figures. The questions are split over every
 local device (eval.devices) and over the processes of a multi-process run (process 0 writes the
-outputs; `launch/local_multiprocess.sh 2 eval ...` rehearses one on this machine). Without a target
-directory (random weights, a smoke run), prompts are byte-level (`data/byte_tokenizer.py`); a target
-directory without its tokenizer files is refused.
+outputs; `launch/local_multiprocess.sh 2 eval ...` rehearses one on this machine).
+
+The target: --config.target.hf_dir, else the one a checkpoint records (target.json, written by every
+export); a checkpoint that records none needs it given, and a given target that differs from the
+recorded one is refused (--config.target.accept_other=true uses it anyway). With neither a target
+nor a checkpoint the models are random and prompts byte-level (`data/byte_tokenizer.py`): a smoke run.
 `--config=configs/paper_eval.py` runs the papers' protocol (docs/evaluation.md).
+
+Question files (--datasets=PATH; .jsonl, .jsonl.gz or a JSON array), one record per question, its
+first user turn asked:
+    {"turns": ["Write a haiku about rain.", "Now one about snow."]}
+    {"question": "What is 7 * 6?"}    {"prompt": "..."}    {"instruction": "..."}
+    {"conversations": [{"role": "user", "content": "Hi"}]}   ("messages"; ShareGPT's from/value too)
+--datasets=NAME=PATH reads a published benchmark's own file or folder (gsm8k, math500, aime2025,
+humaneval, mbpp, livecodebench, mt_bench, alpaca) and asks it as the DFlash harness does, every
+turn of MT-Bench included (docs/evaluation.md, "Question files" and "The papers' benchmarks").
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import jax
 from absl import flags
 
 from xpress_jax import cli
+from xpress_jax.checkpoints.target_record import resolve_target
 from xpress_jax.config_schema import check_fields
 from xpress_jax.errors import InputError
 from xpress_jax.eval.evaluate import checkpoint_decoders, evaluate, parse_methods
@@ -92,6 +105,7 @@ def main(config):
     if FLAGS.checkpoint and FLAGS.decoders is None and "eval.decoders" not in overridden:
         decoders = checkpoint_decoders(FLAGS.checkpoint)  # unless asked otherwise, what the checkpoint holds
     methods = parse_methods(FLAGS.checkpoints, decoders, FLAGS.checkpoint, s.dloop_branches)
+    resolve_target(config, [m.checkpoint for m in methods])  # the target the drafters were trained against
     report, failures = evaluate(config, methods, s, check_lossless=FLAGS.check_lossless, overridden=overridden)
     if jax.process_index() == 0:
         print(report_markdown(report))

@@ -18,6 +18,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from xpress_jax import atomic
+from xpress_jax.checkpoints.hf_drafter import check_drafter_dir
 from xpress_jax.data.benchmarks import HARNESS_COMMIT, Question
 from xpress_jax.data.chat import prompt_ids
 from xpress_jax.data.questions import dataset_label, load_dataset_entry
@@ -79,6 +80,8 @@ def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, bran
         bad = [d for d in decoders if d not in spec_decoders()]
         if bad:
             raise InputError(f"unknown decoders {bad}; choose from {', '.join(spec_decoders())}")
+        if checkpoint:
+            check_drafter_dir(checkpoint, "--checkpoint")
         return with_branches([Method(d, d, checkpoint) for d in decoders], branches)
     methods = []
     for item in checkpoints:
@@ -89,8 +92,7 @@ def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, bran
         if decoder not in spec_decoders():
             raise InputError(f"--checkpoints label {label!r}: {decoder!r} is not a decoder; choose from "
                              f"{', '.join(spec_decoders())} (optionally with .variant)")
-        if not os.path.isdir(path):
-            raise InputError(f"--checkpoints {label}: directory {path!r} does not exist")
+        check_drafter_dir(path, f"--checkpoints {label}")
         methods.append(Method(label, decoder, path))
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):
@@ -98,7 +100,8 @@ def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, bran
     return with_branches(methods, branches)
 
 
-def _tokenizer(config):
+def prompt_tokenizer(config):
+    """The target's tokenizer; bytes for a random target (a smoke run, said in the log)."""
     from xpress_jax.data.byte_tokenizer import ByteTokenizer, tokenizer_for
     tok = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, target_config(config).vocab_size)
     if isinstance(tok, ByteTokenizer):
@@ -109,7 +112,7 @@ def _tokenizer(config):
 def encode_prompts(config, questions: list[str], max_prompt_tokens: int) -> tuple[list[list[int]], int, list[int]]:
     """Chat-formatted one-turn prompt ids; prompts over max_prompt_tokens are skipped (counted),
     never cut: a cut prompt loses the end of the question and the assistant header."""
-    tok = _tokenizer(config)
+    tok = prompt_tokenizer(config)
     encoded = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
     kept = [p for p in encoded if len(p) <= max_prompt_tokens]
     return kept, len(encoded) - len(kept), stop_ids(tok)
@@ -420,7 +423,7 @@ def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: 
         raise InputError(f"eval.datasets {list(s.datasets)}: two entries are both called "
                          f"{next(x for x in labels if labels.count(x) > 1)!r}")
     sets = {ds: load_dataset_entry(entry, s.num_prompts) for ds, entry in zip(labels, s.datasets)}
-    tok = _tokenizer(config)
+    tok = prompt_tokenizer(config)
     stops = stop_ids(tok)
     questions, skipped_long, first_lengths = {}, {}, []
     for ds, qs in sets.items():

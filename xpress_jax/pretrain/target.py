@@ -148,7 +148,7 @@ class TargetLayout:
         shardings = st.param_shardings(st.flat_axes(model), {k: v.shape for k, v in params.items()}, self.mesh)
         self.params = params if abstract else {k: jax.device_put(v, shardings[k]) for k, v in params.items()}
         self.schedule = st.make_schedule(p, p.steps)
-        self.tx = st.make_optimizer(p, p.steps)
+        self.tx = st.make_optimizer(p, self.schedule)
         replicated = NamedSharding(self.mesh, P())
         abstract_state = jax.eval_shape(lambda q: st.init_state(q, self.tx, config.seed), params)
         self.state_sharding = {"step": replicated, "params": shardings, "key": replicated, "bad_steps": replicated,

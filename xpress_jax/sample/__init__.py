@@ -1,1 +1,1 @@
-"""`python -m xpress_jax.sample`: greedy generation with the target through the jitted loop."""
+"""`python -m xpress_jax.sample`: one decoder's answers to a few prompts, each with its trace."""

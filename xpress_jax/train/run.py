@@ -14,13 +14,15 @@ import numpy as np
 from flax import nnx
 
 from xpress_jax import atomic
+from xpress_jax.checkpoints.hf_drafter import check_drafter_dir
 from xpress_jax.config_schema import check_config
 from xpress_jax.errors import ConfigError
 from xpress_jax.models.build import trainable_dtypes
 from xpress_jax.train import loop
 from xpress_jax.train import state as st
 from xpress_jax.train.distributed import maybe_initialize_distributed
-from xpress_jax.train.setup import Setup, refuse_uneven_mesh
+from xpress_jax.train import schedule
+from xpress_jax.train.setup import Setup, refuse_uneven_mesh, total_steps
 
 log = logging.getLogger("xpress_jax.train")
 
@@ -29,7 +31,8 @@ log = logging.getLogger("xpress_jax.train")
 RESUME_SECTIONS = ("seed", "dtype", "param_dtype", "target_param_dtype", "target.", "drafter.", "heads.", "data.",
                    "train.")
 RESUME_FREE = ("train.out_dir", "train.log_every", "train.save_every", "train.keep", "train.async_checkpointing",
-               "train.distributed", "train.allow_config_change", "train.init_from", "train.max_bad_steps")
+               "train.distributed", "train.allow_config_change", "train.continue_schedule", "train.init_from",
+               "train.max_bad_steps")
 
 
 def resume_changes(config, out_dir: str) -> list[str]:
@@ -50,6 +53,16 @@ def resume_changes(config, out_dir: str) -> list[str]:
     return [f"{k}: {old[k]!r} -> {new[k]!r}" for k in keys]
 
 
+def recorded_total_steps(out_dir: str, num_records: int) -> int | None:
+    """The length of the schedule a run's config.json gives (None without one)."""
+    path = os.path.join(out_dir, "config.json")
+    if not os.path.isfile(path):
+        return None
+    from xpress_jax.errors import read_json
+    import ml_collections
+    return total_steps(ml_collections.ConfigDict(read_json(path, ConfigError)), num_records)
+
+
 def train(config, *, stop_after: int | None = None, overridden: frozenset[str] = frozenset()) -> dict:
     """Trains until train.steps (or `stop_after` steps in this call); resumes from the latest
     checkpoint. `overridden`: the config keys the command line set (`Setup`)."""
@@ -59,14 +72,21 @@ def train(config, *, stop_after: int | None = None, overridden: frozenset[str] =
     check_config(config)
     out_dir = config.train.out_dir
     changes = resume_changes(config, out_dir)  # before anything is built: a refused resume costs nothing
-    if changes and not config.train.allow_config_change:
+    others = [c for c in changes if c.split(":")[0] not in schedule.LENGTH_FIELDS]  # a length: schedule.plan
+    if others and not config.train.allow_config_change:
         raise ConfigError(f"{out_dir} was started with another config and resuming would not be exact: "
-                          f"{'; '.join(changes)}. Use another train.out_dir, or set "
+                          f"{'; '.join(others)}. Use another train.out_dir, or set "
                           "train.allow_config_change=true to continue deliberately")
+    if config.train.init_from:
+        check_drafter_dir(config.train.init_from, "train.init_from")
     maybe_initialize_distributed(config)
     refuse_uneven_mesh(config)
     records = read_records(list(config.data.train_files))
-    setup = Setup(config, abstract=False, num_records=len(records), overridden=overridden)
+    ckpt = loop.checkpointer(config.train, out_dir)
+    segments = schedule.plan(config, out_dir, total_steps(config, len(records)),
+                             recorded_total_steps(out_dir, len(records)), ckpt.latest_step())
+    setup = Setup(config, abstract=False, num_records=len(records), overridden=overridden,
+                  schedule=schedule.build(config.train, segments))
     tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, setup.drafter_cfg.vocab_size)
     pad = pad_id(tokenizer)
     t = config.train
@@ -76,7 +96,6 @@ def train(config, *, stop_after: int | None = None, overridden: frozenset[str] =
                            batch_size=t.batch_size // jax.process_count(), seed=config.seed,
                            process_index=jax.process_index(), process_count=jax.process_count())
     data_iter = iter(dataset)
-    ckpt = loop.checkpointer(t, out_dir)
     resumed = loop.resume(ckpt, setup.abstract_state, data_iter)
     if resumed is not None:
         start, state = resumed
@@ -87,6 +106,13 @@ def train(config, *, stop_after: int | None = None, overridden: frozenset[str] =
         name = "config.json" if resumed is None else (f"config.resumed_at_{start}.json" if changes else None)
         if name:
             atomic.write_text(os.path.join(out_dir, name), config.to_json_best_effort(indent=2))
+        if segments != schedule.read(out_dir):
+            schedule.save(out_dir, segments)
+            if len(segments) > 1 and resumed is not None:
+                last = segments[-1]
+                loop.console(f"learning rate: the schedule continues from {last['from_lr']:.3g} at step "
+                             f"{last['from_step']} to {config.train.lr * config.train.final_lr_fraction:.3g} at step "
+                             f"{last['to_step']} ({os.path.join(out_dir, schedule.RECORD)})")
 
     state, step, last = loop.run_loop(
         lambda state, local: setup.step(state, setup.target_params, setup.global_batch(local)), state, data_iter,
@@ -134,12 +160,14 @@ def host_params(params: dict) -> dict:
 
 
 def export(setup: Setup, params: dict, out_dir: str, dtype=jnp.bfloat16) -> None:
-    """The trained drafter in the DFlash layout, heads beside it: what `xpress_jax.eval --checkpoint`
-    reads. The end of a run and `python -m xpress_jax.export` both write through here."""
+    """The trained drafter in the DFlash layout, heads beside it, and the target it was trained
+    against (target.json): what `xpress_jax.eval --checkpoint` reads. The end of a run and `python -m xpress_jax.export` both write through here."""
     from xpress_jax.checkpoints.heads import save_head
     from xpress_jax.checkpoints.hf_drafter import save_drafter
+    from xpress_jax.checkpoints.target_record import write_record
     model = st.merge(setup.graphdef, params)
     save_drafter(model.drafter, out_dir, dtype=dtype)
+    write_record(setup.config, setup.target_cfg, out_dir)  # the target eval and sample take with this drafter
     for name in model.head_names():
         save_head(getattr(model, name), out_dir, name)  # heads stay float32 (small)
     log.info("exported the drafter and heads to %s", out_dir)

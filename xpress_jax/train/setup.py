@@ -65,24 +65,26 @@ class Setup:
     """Everything the loop needs, built once (shared by train and dry_run)."""
 
     def __init__(self, config, *, abstract: bool, num_records: int | None = None,
-                 overridden: frozenset[str] = frozenset()):
+                 overridden: frozenset[str] = frozenset(), schedule=None):
         """`overridden`: the config keys the command line set (`cli.config_overrides`); a value a
-        starting checkpoint (train.init_from) records wins over the config's unless set there."""
+        starting checkpoint (train.init_from) records wins over the config's unless set there.
+        `schedule`: the run's learning rate by step (`train/schedule.py`; default warmup + cosine
+        over the run's steps)."""
         self.config = config
         self.mesh = sharding.make_mesh(tuple(config.mesh.shape))
         target = build_target(config, mesh=self.mesh, abstract=abstract, scan=True)
         trainable = build_trainable(config, target.cfg, abstract=abstract, overridden=overridden)
         trainable.drafter.cfg.check_target(target.cfg)
-        self.drafter_cfg = trainable.drafter.cfg
+        self.drafter_cfg, self.target_cfg = trainable.drafter.cfg, target.cfg
         self.graphdef, params = st.split_params(trainable)
         self.target_graphdef, target_params = st.split_params(target)
         self.params, self.param_sharding = place(params, st.flat_axes(trainable), self.mesh)
         self.target_params, self.target_sharding = place(target_params, st.flat_axes(target), self.mesh)
         # the schedule's length does not change the compiled step, so a dry run needs no data size
         self.steps = 1 if abstract and not config.train.steps else total_steps(config, num_records)
-        self.schedule = st.make_schedule(config.train, self.steps)
+        self.schedule = schedule or st.make_schedule(config.train, self.steps)
         labels = st.trainable_labels(self.params, config.train.trainable)
-        self.tx = st.make_optimizer(config.train, self.steps, labels)
+        self.tx = st.make_optimizer(config.train, self.schedule, labels)
         replicated = NamedSharding(self.mesh, P())
         abstract_state = jax.eval_shape(lambda p: st.init_state(p, self.tx, config.seed), self.params)
         self.state_sharding = {

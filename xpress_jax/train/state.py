@@ -49,12 +49,12 @@ def make_schedule(section, total_steps: int):
                                               end_value=section.lr * section.final_lr_fraction)
 
 
-def make_optimizer(section, total_steps: int, labels: dict[str, str] | None = None):
-    """The optimizer of every training run: AdamW on the section's warmup + cosine schedule
-    (weight decay as configured; DFlash uses 0) after global-norm clipping. With `labels`
+def make_optimizer(section, schedule, labels: dict[str, str] | None = None):
+    """The optimizer of every training run: AdamW on `schedule` (the section's warmup + cosine,
+    `make_schedule`; weight decay as configured; DFlash uses 0) after global-norm clipping. With `labels`
     ({parameter: "train" | "freeze"}, `trainable_labels`) the frozen parameters get no update."""
     adamw = optax.chain(optax.clip_by_global_norm(section.grad_clip),
-                        optax.adamw(make_schedule(section, total_steps), b1=section.b1, b2=section.b2,
+                        optax.adamw(schedule, b1=section.b1, b2=section.b2,
                                     weight_decay=section.weight_decay))
     if labels is None:
         return adamw
