@@ -128,7 +128,8 @@ def test_eval_over_two_processes_gives_the_one_device_answers(tmp_path):
     from cli_helpers import start_processes
     from xpress_jax import assets
     args = (f"--config.target.hf_dir={assets.TINY_TARGET}", f"--checkpoints=dflash={assets.TINY_DFLASH}",
-            f"--datasets=gsm8k,mt_bench={MT_BENCH}", "--num_prompts=4", "--max_new_tokens=12", "--config.eval.time_split=false")
+            f"--datasets=gsm8k,mt_bench={MT_BENCH}", "--num_prompts=4", "--max_new_tokens=12",
+            "--config.eval.time_split=false")
     one = invoke("xpress_jax.eval", *args, "--config.eval.devices=1", f"--out={tmp_path / 'one'}")
     assert one.returncode == 0, one.stderr[-3000:]
     run = start_processes(2, "eval", *args, "--config.eval.devices=0", f"--out={tmp_path / 'two'}")

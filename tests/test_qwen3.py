@@ -2,6 +2,7 @@
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -228,3 +229,25 @@ def test_both_row_orders_attend_alike_and_the_cache_writes_in_its_own():
     for r, o in enumerate(np.asarray(KVCache.ORDER.per_row(offsets, kv_heads))):
         np.testing.assert_array_equal(np.asarray(buf[r, o:o + seq]), np.asarray(rows[r]))
     assert KVCache.ORDER is HEADS_MAJOR
+
+
+@pytest.mark.parametrize("filled", [1, 7, 40, 64, 100, 130])
+def test_attention_over_the_filled_slots_equals_attention_over_all(filled):
+    """attend_filled reads the first `filled` slots in chunks (the last one overlapping, 130 slots in
+    chunks of 32) with an online softmax, then a segment read whole: the outputs equal `attend` over
+    the concatenated keys, where the slots past `filled` are masked, to float32 rounding; in both
+    row orders, with GQA and a mask that hides some filled slots."""
+    from xpress_jax.models.layers import BATCH_MAJOR, HEADS_MAJOR
+    rng = np.random.default_rng(filled)
+    batch, q_len, heads, kv_heads, head_dim, slots, tail = 2, 5, 4, 2, 8, 130, 6
+    q = jnp.asarray(rng.normal(size=(batch, q_len, heads, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(batch, slots + tail, kv_heads, head_dim)), jnp.float32) for _ in range(2))
+    mask = jnp.asarray(rng.random((batch, q_len, slots + tail)) < 0.6)
+    mask = mask.at[:, :, filled:slots].set(False).at[:, :, 0].set(True)
+    for order in (BATCH_MAJOR, HEADS_MAJOR):
+        kr, vr = order.rows(k), order.rows(v)
+        whole = order.attend(q, kr, vr, mask)
+        parts = [(kr[:, :slots], vr[:, :slots], mask[..., :slots], jnp.int32(filled)),
+                 (kr[:, slots:], vr[:, slots:], mask[..., slots:], None)]
+        read = jax.jit(lambda q, parts: order.attend_filled(q, parts, chunk=32))(q, parts)
+        np.testing.assert_allclose(np.asarray(read), np.asarray(whole), atol=2e-6, rtol=1e-5)

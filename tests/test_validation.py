@@ -124,7 +124,8 @@ def test_a_longer_run_continues_its_schedule_and_never_restarts_it(tmp_path):
     lr = {row["step"]: row["lr"] for row in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines())}
     assert lr[7] == pytest.approx(float(old(6)), rel=2e-3) and lr[6] == pytest.approx(float(old(5)), rel=2e-3)
     segments = schedule.read(str(tmp_path))
-    assert segments[-1] == {"from_step": 6, "to_step": 20, "kind": "cosine_from", "from_lr": pytest.approx(float(old(6)))}
+    assert segments[-1] == {"from_step": 6, "to_step": 20, "kind": "cosine_from",
+                            "from_lr": pytest.approx(float(old(6)))}
     new = schedule.build(longer.train, segments)
     for step in range(7, 16):
         assert lr[step] == pytest.approx(float(new(step - 1)), rel=2e-3), step

@@ -170,15 +170,15 @@ class DFlashDrafter(nnx.Module):
         slot = jnp.arange(width, dtype=jnp.int32)
         positions = cache.lengths[:, None] + slot % block  # [batch, K*B]
         ctx_visible = jnp.arange(cache.max_len)[None, :] < cache.lengths[:, None]  # [batch, max_len]
+        ctx_mask = jnp.broadcast_to(ctx_visible[:, None, :], (batch, width, cache.max_len))
         same_block = (slot[:, None] // block) == (slot[None, :] // block)  # [K*B, K*B]
-        mask = jnp.concatenate([jnp.broadcast_to(ctx_visible[:, None, :], (batch, width, cache.max_len)),
-                                jnp.broadcast_to(same_block, (batch, width, width))], axis=-1)
+        block_mask = jnp.broadcast_to(same_block, (batch, width, width))
+        held = jnp.max(cache.lengths)  # the context slots past it are not read
 
         def context_then_block(q, k_blk, v_blk, carry, ctx, i):
-            # [kv_heads * batch, max_len + K*B, head_dim]: the context slots, then the block's own
-            k = jnp.concatenate([ctx[0].astype(k_blk.dtype), cache.rows(k_blk)], axis=1)
-            v = jnp.concatenate([ctx[1].astype(v_blk.dtype), cache.rows(v_blk)], axis=1)
-            return cache.attend(q, k, v, mask), carry
+            # the context slots [kv_heads * batch, max_len, head_dim] as far as filled, then the block's own
+            return cache.attend_filled(q, [(ctx[0].astype(k_blk.dtype), ctx[1].astype(v_blk.dtype), ctx_mask, held),
+                                           (cache.rows(k_blk), cache.rows(v_blk), block_mask, None)]), carry
 
         x, _, _ = scan_layers(self.layers, block_embeds.astype(self.dtype), positions, context_then_block,
                               per_layer=list(zip(cache.k, cache.v)))

@@ -27,6 +27,9 @@ KV_AXES = ("batch", None, "kv_heads", None)  # [batch, seq, kv_heads, head_dim]
 # A large negative number rather than -inf: a fully masked row then softmaxes to uniform garbage
 # instead of NaN, and such rows (padding) are never read.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+# Slots a decoding step's attention reads at a time (`RowOrder.attend_filled`): its cost grows by
+# one chunk per FILL_CHUNK tokens held, and a loop step is long enough to hide the loop's overhead.
+FILL_CHUNK = 256
 
 
 def param(rngs: nnx.Rngs, shape, axes, dtype, *, std: float | None = 0.02) -> nnx.Param:
@@ -119,23 +122,75 @@ class RowOrder:
           every step (1.23-1.36x slower batch-64 decoding; benchmarks/cpu/attention-layout/).
         """
         batch, q_len, heads, head_dim = q.shape
-        kv_heads = k.shape[0] // batch
+        q_rows, unrows, row_mask = self._grouped(q, k.shape[0] // batch)
+        scores = jnp.einsum("nrd,nsd->nrs", q_rows, k, preferred_element_type=jnp.float32)
+        scores = jnp.where(row_mask(mask), scores * (head_dim**-0.5), _MASK_VALUE)  # [rows, group*q_len, kv_len]
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        return unrows(jnp.einsum("nrs,nsd->nrd", probs, v))
+
+    def attend_filled(self, q: jax.Array, segments: Sequence[tuple], chunk: int = FILL_CHUNK) -> jax.Array:
+        """`attend` over key segments read only as far as they hold anything: each segment (k, v,
+        mask, filled) in `attend`'s layouts, of which only the first `filled` slots (a traced count;
+        None: all) are read, `chunk` slots at a time in a loop of ceil(filled / chunk) steps, so a
+        decoding step costs what its sequences hold and not what their cache could. The softmax is
+        the online one (running max and sum, float32), equal to `attend`'s up to rounding."""
+        batch, q_len, heads, head_dim = q.shape
+        q_rows, unrows, row_mask = self._grouped(q, segments[0][0].shape[0] // batch)
+        n, rows, _ = q_rows.shape
+        out_dtype = segments[0][1].dtype
+
+        def add(carry, k, v, mask):  # one more run of keys into the running softmax
+            m, total, acc = carry
+            scores = jnp.einsum("nrd,nsd->nrs", q_rows, k, preferred_element_type=jnp.float32)
+            scores = jnp.where(row_mask(mask), scores * (head_dim**-0.5), _MASK_VALUE)
+            m_new = jnp.maximum(m, scores.max(axis=-1))  # [n, rows]
+            p = jnp.exp(scores - m_new[..., None])
+            scale = jnp.exp(m - m_new)
+            acc = acc * scale[..., None] + jnp.einsum("nrs,nsd->nrd", p.astype(v.dtype), v,
+                                                      preferred_element_type=jnp.float32)
+            return m_new, total * scale + p.sum(axis=-1), acc
+
+        carry = (jnp.full((n, rows), -jnp.inf, jnp.float32), jnp.zeros((n, rows), jnp.float32),
+                 jnp.zeros((n, rows, head_dim), jnp.float32))
+        for k, v, mask, filled in segments:
+            size = k.shape[1]
+            if filled is None or _READ_EVERY_SLOT.get():
+                carry = add(carry, k, v, mask)
+                continue
+            width = min(chunk, size)
+
+            def body(i, carry, k=k, v=v, mask=mask, width=width, size=size):
+                # the last chunk is read from size - width: slots before i * width were read already
+                start = jnp.minimum(i * width, size - width)
+                fresh = (start + jnp.arange(width)) >= i * width  # [width]
+                chunk_mask = jax.lax.dynamic_slice_in_dim(mask, start, width, axis=2) & fresh
+                return add(carry, jax.lax.dynamic_slice_in_dim(k, start, width, axis=1),
+                           jax.lax.dynamic_slice_in_dim(v, start, width, axis=1), chunk_mask)
+            steps = (jnp.minimum(filled, size) + width - 1) // width
+            carry = jax.lax.fori_loop(0, steps, body, carry)
+        _, total, acc = carry
+        return unrows((acc / total[..., None]).astype(out_dtype))
+
+    def _grouped(self, q: jax.Array, kv_heads: int):
+        """The queries of each KV group stacked as rows [batch * kv_heads, group * q_len, head_dim]
+        (row = g * q_len + t), with the functions that put the output [same rows, head_dim] back to
+        [batch, q_len, heads, head_dim] and a mask [batch, q_len, keys] onto the rows."""
+        batch, q_len, heads, head_dim = q.shape
         lead = (kv_heads, batch) if self.heads_first else (batch, kv_heads)  # the row axis, unmerged
         group = heads // kv_heads
         rows = group * q_len
         # [*lead, group, q_len, head_dim]
         q = q.reshape(batch, q_len, kv_heads, group, head_dim).transpose(
             ((2, 0) if self.heads_first else (0, 2)) + (3, 1, 4))
-        q = q.reshape(batch * kv_heads, rows, head_dim)  # row = g * q_len + t
-        scores = jnp.einsum("nrd,nsd->nrs", q, k, preferred_element_type=jnp.float32)
-        scores = scores * (head_dim**-0.5)  # [batch * kv_heads, group * q_len, kv_len]
-        row_mask = mask[None, :, None] if self.heads_first else mask[:, None, None]
-        row_mask = jnp.broadcast_to(row_mask, lead + (group,) + mask.shape[1:])
-        scores = jnp.where(row_mask.reshape(batch * kv_heads, rows, -1), scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("nrs,nsd->nrd", probs, v).reshape(lead + (group, q_len, head_dim))
-        return out.transpose((1, 3, 0, 2, 4) if self.heads_first else (0, 3, 1, 2, 4)).reshape(
-            batch, q_len, heads, head_dim)
+
+        def unrows(out):
+            return out.reshape(lead + (group, q_len, head_dim)).transpose(
+                (1, 3, 0, 2, 4) if self.heads_first else (0, 3, 1, 2, 4)).reshape(batch, q_len, heads, head_dim)
+
+        def row_mask(mask):
+            m = mask[None, :, None] if self.heads_first else mask[:, None, None]
+            return jnp.broadcast_to(m, lead + (group,) + mask.shape[1:]).reshape(batch * kv_heads, rows, -1)
+        return q.reshape(batch * kv_heads, rows, head_dim), unrows, row_mask
 
 
 BATCH_MAJOR = RowOrder(heads_first=False, major="batch", axis="batch")
@@ -231,6 +286,19 @@ class DecoderLayer(nnx.Module):
 # inside `unrolled_loops` unrolls the training pass's layer and head-position loops, so that its
 # FLOPs are the step's (`train.dry_run` counts them so, with the anchors in one chunk).
 _UNROLL_LOOPS: contextvars.ContextVar[bool] = contextvars.ContextVar("unroll_loops", default=False)
+_READ_EVERY_SLOT: contextvars.ContextVar[bool] = contextvars.ContextVar("read_every_slot", default=False)
+
+
+@contextlib.contextmanager
+def read_every_slot() -> Iterator[None]:
+    """Programs traced inside read every cache slot, filled or not (`RowOrder.attend_filled`'s
+    bound off): the cost it saves, measured side by side (benchmarks/cpu/decode-lengths). Traced
+    programs are cached, so clear jax's caches around it."""
+    token = _READ_EVERY_SLOT.set(True)
+    try:
+        yield
+    finally:
+        _READ_EVERY_SLOT.reset(token)
 
 
 @contextlib.contextmanager

@@ -167,6 +167,11 @@ class KVCache:
         """Attention over keys and values held in the cache's order (`RowOrder.attend`)."""
         return cls.ORDER.attend(q, k, v, mask)
 
+    @classmethod
+    def attend_filled(cls, q: jax.Array, segments) -> jax.Array:
+        """Attention over cache segments read as far as they are filled (`RowOrder.attend_filled`)."""
+        return cls.ORDER.attend_filled(q, segments)
+
 
 def write_at(buffer: jax.Array, new: jax.Array, offsets: jax.Array, axis: int = 1) -> jax.Array:
     """buffer: [batch, ...]; new (same rank) is written along `axis` at per-sequence offsets [batch]."""
@@ -289,7 +294,9 @@ class Qwen3(nnx.Module):
             # k, v: [kv_heads * batch, max_len, head_dim] after the write; the written buffers accumulate
             k, v = KVCache.write(cache.k[i], k, cache.lengths), KVCache.write(cache.v[i], v, cache.lengths)
             k, v = constrain(k, KVCache.AXES), constrain(v, KVCache.AXES)  # split with the target's KV heads
-            return (KVCache.attend(q, k, v, mask) if fused is None else fused), written + ((k, v),)
+            if fused is None:  # the slots past the longest sequence's new tokens are not read
+                fused = KVCache.attend_filled(q, [(k, v, mask, jnp.max(cache.lengths) + seq)])
+            return fused, written + ((k, v),)
 
         last = num_layers - 1  # its tap is read after the final norm, as HF reports it
         # one tap row per distinct layer: DFlash's spacing repeats the layers of a shallow target
