@@ -11,8 +11,29 @@ import os
 # without the fake devices (tests/cli_helpers.py).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                       "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
-os.environ.setdefault("XPRESS_TEST_XLA_FLAGS", FAST_COMPILE_FLAGS)
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {FAST_COMPILE_FLAGS}")
+
+
+def known_xla_flags(flags: str) -> str:
+    """The flags this jaxlib's XLA knows: an unknown one aborts the process at backend start (jax
+    0.11's XLA has no --xla_cpu_use_fusion_emitters), so a child process tries them first and each
+    flag it names as unknown is dropped. Run once per session (the workers inherit the result)."""
+    import re
+    import subprocess
+    import sys
+    kept = flags.split()
+    while kept:
+        r = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, text=True,
+                           env={**os.environ, "XLA_FLAGS": " ".join(kept), "JAX_PLATFORMS": "cpu"}, timeout=120)
+        unknown = re.findall(r"Unknown flags? in XLA_FLAGS: (\S+)", r.stderr)
+        if r.returncode == 0 or not unknown:
+            break
+        kept = [f for f in kept if f.split("=")[0] not in {u.split("=")[0] for u in unknown}]
+    return " ".join(kept)
+
+
+if "XPRESS_TEST_XLA_FLAGS" not in os.environ:
+    os.environ["XPRESS_TEST_XLA_FLAGS"] = known_xla_flags(FAST_COMPILE_FLAGS)
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {os.environ['XPRESS_TEST_XLA_FLAGS']}")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One persistent XLA cache per test session, shared by the xdist workers and the CLI subprocesses
 # the tests start (they inherit the environment): the same tiny models compile once, not per process.

@@ -30,6 +30,7 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 # Slots a decoding step's attention reads at a time (`RowOrder.attend_filled`): its cost grows by
 # one chunk per FILL_CHUNK tokens held, and a loop step is long enough to hide the loop's overhead.
 FILL_CHUNK = 256
+WHOLE_CHUNKS = 4  # a segment of at most this many chunks is read whole (benchmarks/cpu/decode-lengths)
 
 
 def param(rngs: nnx.Rngs, shape, axes, dtype, *, std: float | None = 0.02) -> nnx.Param:
@@ -132,7 +133,8 @@ class RowOrder:
         """`attend` over key segments read only as far as they hold anything: each segment (k, v,
         mask, filled) in `attend`'s layouts, of which only the first `filled` slots (a traced count;
         None: all) are read, `chunk` slots at a time in a loop of ceil(filled / chunk) steps, so a
-        decoding step costs what its sequences hold and not what their cache could. The softmax is
+        decoding step costs what its sequences hold and not what their cache could. A segment of
+        at most WHOLE_CHUNKS chunks is read whole. The softmax is
         the online one (running max and sum, float32), equal to `attend`'s up to rounding."""
         batch, q_len, heads, head_dim = q.shape
         q_rows, unrows, row_mask = self._grouped(q, segments[0][0].shape[0] // batch)
@@ -154,7 +156,8 @@ class RowOrder:
                  jnp.zeros((n, rows, head_dim), jnp.float32))
         for k, v, mask, filled in segments:
             size = k.shape[1]
-            if filled is None or _READ_EVERY_SLOT.get():
+            # up to WHOLE_CHUNKS chunks the loop's overhead outweighs what it can skip: read whole
+            if filled is None or size <= WHOLE_CHUNKS * chunk or _READ_EVERY_SLOT.get():
                 carry = add(carry, k, v, mask)
                 continue
             width = min(chunk, size)

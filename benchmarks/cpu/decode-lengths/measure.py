@@ -12,7 +12,7 @@ same program):
 Each run twice, side by side: attention reading only the filled slots (the code's default,
 `layers.RowOrder.attend_filled`) and reading every slot (`layers.read_every_slot`), with the
 answer's tokens compared between the two and across cache sizes (they must be identical).
-Run from the repository root:
+Run from the repository root (the 500-held sweep alone at more repetitions: --sweeps=held --reps=6):
     python benchmarks/cpu/decode-lengths/measure.py --out=benchmarks/cpu/decode-lengths/lengths.json
 """
 import argparse
@@ -34,6 +34,7 @@ from xpress_jax.models.build import build_target, drafter_config, new_drafter
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--out", required=True)
 parser.add_argument("--reps", type=int, default=2)
+parser.add_argument("--sweeps", default="prompt,fill,size,held", help="which sweeps (comma-separated)")
 args = parser.parse_args()
 config = cli.load_config("configs/tiny.py")
 target = build_target(config)
@@ -64,18 +65,19 @@ def measure(sweep, prompt_len, new_tokens, max_len):
         print(json.dumps(rows[-1]), flush=True)
 
 
-for prompt_len in (128, 512, 1024, 2000):
+sweeps = args.sweeps.split(",")
+for prompt_len in (128, 512, 1024, 2000) if "prompt" in sweeps else ():
     measure("prompt length", prompt_len, 256, FULL)
-for new_tokens in (256, 2048):
+for new_tokens in (256, 2048) if "fill" in sweeps else ():
     measure("cache fill", 128, new_tokens, FULL)
-for slots in (400, 1040, 2080, FULL):
+for slots in (400, 1040, 2080, FULL) if "size" in sweeps else ():
     measure("cache size", 128, 256, slots)
-for slots in (580, 1040, 2080, 4096):
+for slots in (580, 1040, 2080, 4096) if "held" in sweeps else ():
     measure("cache size, 500 held", 436, 128, slots)
 identical = all(all(t == runs[0] for t in runs) for runs in answers.values())
 held = {(r["decoder"], r["cache_slots"]): r for r in rows if r["sweep"] == "cache size, 500 held"}
 ratios = {f"{d} {read}": round(held[d, 4096][f"ms_per_step_{read}"] / held[d, 580][f"ms_per_step_{read}"], 2)
-          for d in ("target", "dflash") for read in ("filled", "every_slot")}
+          for d in ("target", "dflash") for read in ("filled", "every_slot")} if held else {}
 print(json.dumps({"tokens_identical": identical, "4096_over_580_slots_at_500_held": ratios}))
 atomic.write_json(args.out, {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "cpu_count": os.cpu_count(),
                              "config": "configs/tiny.py", "rows": rows, "tokens_identical": identical,
