@@ -129,7 +129,7 @@ def test_the_gpu_script_runs_every_stage_and_the_suites_write_their_figures(tmp_
     with open(tmp_path / "dry_run.json") as f:
         dry = json.load(f)
     assert dry["complete"] and dry["flops_per_device"] > 0 and dry["max_len"] == 512
-    assert dry["fused_attention"] == {"cpu": [], "tpu": ["splash"]}
+    assert dry["fused_attention"] == {"cpu": [], "tpu": ["splash"], "gpu": ["flash_gpu"]}
     with open(tmp_path / "decode.json") as f:
         decode = json.load(f)
     assert decode["complete"] and decode["shapes"]["target_layers"] == 4
@@ -277,8 +277,9 @@ def test_decode_suite_refuses_a_run_too_short_to_time(monkeypatch):
 
 
 def test_the_regen_suite_sets_continuous_batching_beside_a_static_batch(tmp_path):
-    """In process, on this process's 8 simulated devices: both ways give the same tokens, and the
-    figures the benchmark record reads (useful tokens per decode slot, tokens/s) are there."""
+    """In process, on this process's 8 simulated devices: every way gives the same tokens, and the
+    figures the benchmark record reads (useful tokens per decode slot, tokens/s, the share of time
+    admitting at each prompt's own bucket and at the queue's) are there."""
     r = invoke("xpress_jax.bench", "--suite=regen", "--regen_prompts=8", "--regen_max_new_tokens=32",
                "--regen_batches=8", "--reps=1", f"--out={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -287,4 +288,10 @@ def test_the_regen_suite_sets_continuous_batching_beside_a_static_batch(tmp_path
     assert result["complete"] and result["devices"] == 8 and row["same_tokens"] is True
     assert 0 < row["static"]["useful_per_slot"] <= row["continuous"]["useful_per_slot"] <= 1
     assert row["static"]["answer_tokens"] == row["continuous"]["answer_tokens"] > 8
-    assert "useful tokens per decode slot" in r.stdout
+    queue, own = row["continuous_queue_bucket"], row["continuous"]
+    assert queue["decode_slots"] == own["decode_slots"]  # the same decoding; only admissions differ
+    assert 0 < own["admission_share"] <= 1 and 0 < queue["admission_share"] <= 1
+    # prompts over two buckets or more: at their own, the admissions' prefills take less time than at the longest's
+    seconds = {int(k): v for k, v in result["prefill_seconds"].items()}
+    assert len(seconds) >= 2 and seconds[min(seconds)] < seconds[max(seconds)]
+    assert "useful tokens per decode slot" in r.stdout and "of the time admitting" in r.stdout

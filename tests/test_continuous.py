@@ -12,7 +12,7 @@ from xpress_jax import assets
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.data.chat import load_tokenizer, prompt_ids
 from xpress_jax.data.questions import load_questions
-from xpress_jax.decoding.continuous import DEFAULT_ROWS, rows_that_fit, serve_greedy
+from xpress_jax.decoding.continuous import DEFAULT_ROWS, admission_buckets, rows_that_fit, serve_greedy
 from xpress_jax.decoding.speculative import SpecModels, generate
 from xpress_jax.errors import InputError
 
@@ -40,6 +40,21 @@ def test_continuous_batching_gives_static_greedy_tokens_with_less_idle_work(tiny
     # static batches of 3 decode until each batch's longest answer ends
     static_slots = sum(3 * max(len(t) - 1 for t in static.tokens[i:i + 3]) for i in range(0, len(prompts), 3))
     assert served.slots < static_slots and served.useful / served.slots > 0.8
+
+
+def test_each_prompt_is_admitted_at_its_own_bucket_with_the_same_tokens(tiny):
+    """Admissions prefill each prompt padded to its own bucket (64, 128 or 192 tokens here), not to the
+    longest prompt's: the tokens equal those of admissions padded to the queue's bucket."""
+    target, prompts, stops, static = tiny
+    lengths = [len(p) for p in prompts]
+    buckets, bucket_of = admission_buckets(lengths)
+    assert buckets == [64, 128, 192] and len({buckets[b] for b in bucket_of}) >= 2
+    assert all(n <= buckets[b] < n + 64 for n, b in zip(lengths, bucket_of))
+    assert admission_buckets(lengths, "queue") == ([192], [0] * len(prompts))
+    queue = serve_greedy(target, prompts, rows=3, max_new_tokens=64, stop_ids=stops, admit_at="queue")
+    assert queue.tokens == static.tokens
+    with pytest.raises(InputError, match="admit_at must be"):
+        admission_buckets(lengths, "longest")
 
 
 def test_edge_cases_one_token_budgets_and_more_rows_than_prompts(tiny):

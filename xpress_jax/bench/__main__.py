@@ -8,8 +8,9 @@ early stop's latency onto the heads suite's latency-vs-iterations line: from the
 heads.json an earlier run left in DIR. The decode suite times one decode-loop step of every
 decoder against target-only decoding on random weights at `--decode_config`'s shapes (default
 configs/tiny_repro.py, with `--decode_set` overrides): the tau each must reach to break even on
-this machine. The regen suite times regeneration with continuous batching against a static batch
-on the shipped tiny target (or `--regen_target`), over this process's devices (simulated ones with
+this machine. The regen suite times regeneration with continuous batching against a static batch,
+and admissions at each prompt's own bucket against the queue's longest (with the share of wall
+time spent admitting), on the shipped tiny target (or `--regen_target`), over this process's devices (simulated ones with
 XLA_FLAGS=--xla_force_host_platform_device_count=N).
 """
 
@@ -212,10 +213,13 @@ def run_regen(out: str) -> dict:
     result = regen.suite(load_qwen3(directory, scan=False), prompts, stops, max_new_tokens=FLAGS.regen_max_new_tokens,
                          batches=batches, devices=devices, reps=FLAGS.reps, progress=partial_writer(out, "regen"))
     for rows, r in result["batches"].items():
+        queue, own = r["continuous_queue_bucket"], r["continuous"]
         print(f"regen batch {rows} on {devices} device(s): useful tokens per decode slot static "
-              f"{r['static']['useful_per_slot']:.2f}, continuous {r['continuous']['useful_per_slot']:.2f}; "
-              f"tokens/s {r['static']['tokens_per_s']:.0f} against {r['continuous']['tokens_per_s']:.0f} "
-              f"({r['speedup']:.2f}x); same tokens: {r['same_tokens']}")
+              f"{r['static']['useful_per_slot']:.2f}, continuous {own['useful_per_slot']:.2f}; "
+              f"tokens/s {r['static']['tokens_per_s']:.0f} against {own['tokens_per_s']:.0f} "
+              f"({r['speedup']:.2f}x); admitting at the queue's bucket {queue['tokens_per_s']:.0f} tokens/s, "
+              f"{queue['admission_share']:.0%} of the time admitting, at each prompt's own "
+              f"{own['admission_share']:.0%} ({r['own_bucket_speedup']:.2f}x); same tokens: {r['same_tokens']}")
     return {"target": directory, **result}
 
 

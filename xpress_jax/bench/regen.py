@@ -1,7 +1,11 @@
 """The regeneration suite: continuous batching (`decoding/continuous.py`) against a static batch on
 a question set with mixed answer lengths, side by side in one run at each batch size: useful
 answer tokens per decode slot (the share of decode work that made tokens) and tokens/s, on this
-process's devices. Both are greedy, so both give the same tokens (checked here too)."""
+process's devices. Continuous batching runs twice: admitting each prompt at its own bucket
+(`continuous`, what regeneration runs) and at the queue's longest bucket (`continuous_queue_bucket`),
+each with the share of its wall time spent admitting (its prompts' prefills, each timed alone at
+its padded length, over the run's seconds per device). All are greedy, so all give the same
+tokens (checked here too)."""
 
 from __future__ import annotations
 
@@ -12,9 +16,15 @@ from xpress_jax import timing
 
 def suite(target, prompts: list[list[int]], stop_ids, *, max_new_tokens: int, batches: list[int], devices: int,
           reps: int, progress=lambda partial: None) -> dict:
-    from xpress_jax.decoding.continuous import serve_greedy
+    from xpress_jax.decoding.continuous import OWN_BUCKET, QUEUE_BUCKET, admission_buckets, serve_greedy
     from xpress_jax.decoding.speculative import SpecModels, generate
     models = SpecModels(target)
+    lengths = [len(p) for p in prompts]
+    prefill_seconds = _prefill_seconds(target, prompts, max_new_tokens, reps)  # per padded length
+    admission_seconds = {}  # per way of admitting: every prompt's prefill, summed
+    for admit_at in (OWN_BUCKET, QUEUE_BUCKET):
+        buckets, bucket_of = admission_buckets(lengths, admit_at)
+        admission_seconds[admit_at] = sum(prefill_seconds[buckets[b]] for b in bucket_of)
 
     def static(rows: int):
         """Static batches of `rows` prompts: each device's loop decodes its rows of the batch until its
@@ -30,24 +40,54 @@ def suite(target, prompts: list[list[int]], stop_ids, *, max_new_tokens: int, ba
             useful += int(out.stats["committed"].sum())
         return tokens, slots, useful
 
-    def continuous(rows: int):
-        out = serve_greedy(target, prompts, rows=rows // devices, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                           devices=devices)
-        return out.tokens, out.slots, out.useful
+    def continuous(admit_at: str):
+        def run(rows: int):
+            out = serve_greedy(target, prompts, rows=rows // devices, max_new_tokens=max_new_tokens,
+                               stop_ids=stop_ids, devices=devices, admit_at=admit_at)
+            return out.tokens, out.slots, out.useful
+        return run
 
-    result = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "devices": devices, "batches": {}}
+    result = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "devices": devices,
+              "prompt_lengths": {"min": min(lengths), "median": float(np.median(lengths)), "max": max(lengths)},
+              "prefill_seconds": {str(k): v for k, v in sorted(prefill_seconds.items())}, "batches": {}}
+    ways = (("static", static, None), ("continuous_queue_bucket", continuous(QUEUE_BUCKET), QUEUE_BUCKET),
+            ("continuous", continuous(OWN_BUCKET), OWN_BUCKET))
     for rows in batches:
         row = {}
-        for name, run in (("static", static), ("continuous", continuous)):
+        for name, run, admit_at in ways:
             seconds, (tokens, slots, useful) = timing.fastest_seconds(lambda: run(rows), reps)
             row[name] = {"seconds": seconds, "answer_tokens": sum(len(t) for t in tokens), "decode_slots": slots,
                          "useful_per_slot": useful / slots, "tokens_per_s": sum(len(t) for t in tokens) / seconds,
                          "tokens": tokens}
-        lengths = [len(t) for t in row["continuous"]["tokens"]]
-        row["same_tokens"] = row["static"].pop("tokens") == row["continuous"].pop("tokens")
+            if admit_at:  # the devices admit their shares side by side
+                row[name]["admission_share"] = min(admission_seconds[admit_at] / devices / seconds, 1.0)
+        answers = [len(t) for t in row["continuous"]["tokens"]]
+        tokens = [row[name].pop("tokens") for name, _, _ in ways]
+        row["same_tokens"] = all(t == tokens[0] for t in tokens)
         row["speedup"] = row["continuous"]["tokens_per_s"] / row["static"]["tokens_per_s"]
+        row["own_bucket_speedup"] = row["continuous"]["tokens_per_s"] / row["continuous_queue_bucket"]["tokens_per_s"]
         result["batches"][str(rows)] = row
         progress(result)
-    result["answer_lengths"] = {"min": int(np.min(lengths)), "median": float(np.median(lengths)),
-                                "max": int(np.max(lengths))}
+    result["answer_lengths"] = {"min": int(np.min(answers)), "median": float(np.median(answers)),
+                                "max": int(np.max(answers))}
     return result
+
+
+def _prefill_seconds(target, prompts, max_new_tokens: int, reps: int) -> dict[int, float]:
+    """The fastest time of one admission's prefill ([1, length] tokens, as `serve_greedy` runs it)
+    at each padded length the queue's prompts get under either way of admitting."""
+    import jax
+    import jax.numpy as jnp
+
+    from xpress_jax.decoding.continuous import OWN_BUCKET, QUEUE_BUCKET, admission_buckets
+    from xpress_jax.decoding.speculative import prefill
+    lengths = [len(p) for p in prompts]
+    padded = sorted(set(admission_buckets(lengths, OWN_BUCKET)[0]) | set(admission_buckets(lengths, QUEUE_BUCKET)[0]))
+    max_len = max(padded) + max_new_tokens + 1  # the serving loop's cache
+    run = jax.jit(lambda ids, n: prefill(target, None, ids, n, max_len, 512)[0])
+    seconds = {}
+    for length in padded:
+        ids, n = jnp.zeros((1, length), jnp.int32), jnp.full((1,), length, jnp.int32)
+        jax.block_until_ready(run(ids, n))  # compiled outside the timing
+        seconds[length] = timing.fastest_seconds(lambda: jax.block_until_ready(run(ids, n)), max(reps, 3))[0]
+    return seconds

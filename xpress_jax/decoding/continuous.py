@@ -3,9 +3,12 @@ cache serve a queue of prompts inside one jitted `lax.while_loop`. A row whose a
 the next prompt at once (prefilled into that row), so no row waits for the longest answer of its
 batch as in a static batch, where a finished row decodes padding until every row is done.
 
-Each prompt is prefilled alone ([1, padded], the same `prefill` the static loop runs) and every
-step decodes one token for every row through the same one-token verification pass, so the
-tokens are those of static greedy decoding (tested). Rows without a prompt still compute (static
+Each prompt is prefilled alone, the same `prefill` the static loop runs, padded to its own
+bucket (`padding.prompt_buckets`: a `lax.switch` over the buckets up to the queue's longest, one
+compiled prefill each), not to the longest prompt's in the queue: an admission costs what its
+prompt needs while every other row waits (`admit_at="queue"` pads every prompt to the queue's
+bucket, for comparison). Every step decodes one token for every row through the same one-token
+verification pass, so the tokens are those of static greedy decoding (tested). Rows without a prompt still compute (static
 shapes); `Served.slots` counts them, so `useful / slots` is the share of decode work that made
 answer tokens.
 """
@@ -22,7 +25,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from xpress_jax.decoding.devices import AXIS, batch_mesh, replicate
-from xpress_jax.decoding.padding import PROMPT_BUCKET, pad_prompts, round_up
+from xpress_jax.decoding.padding import PROMPT_BUCKET, bucket_length, pad_prompts, prompt_buckets, round_up
 from xpress_jax.decoding.speculative import PAD, _is_stop, prefill, verify_block
 from xpress_jax.errors import InputError
 from xpress_jax.models.qwen3 import KVCache, Qwen3
@@ -35,9 +38,13 @@ class Served(NamedTuple):
     useful: int  # answer tokens those steps made (each answer's first token comes from its prefill)
 
 
-def _serve_loop(graphdef, state, queue, queue_lens, count, stop_ids, max_new, *, rows: int, capacity: int,
-                max_len: int, chunk: int):
-    """queue [n, padded], queue_lens [n]: the first `count` prompts are served by `rows` rows.
+OWN_BUCKET, QUEUE_BUCKET = "own", "queue"  # what an admitted prompt is padded to
+
+
+def _serve_loop(graphdef, state, queue, queue_lens, queue_buckets, count, stop_ids, max_new, *, rows: int,
+                capacity: int, max_len: int, chunk: int, buckets: tuple[int, ...]):
+    """queue [n, padded], queue_lens [n]: the first `count` prompts are served by `rows` rows, each
+    prefilled at its bucket: buckets[queue_buckets[i]] tokens.
     -> (answers [n, capacity] padded with PAD, decode steps, useful decode tokens)."""
     target = nnx.merge(graphdef, state)
     n = queue.shape[0]
@@ -52,7 +59,10 @@ def _serve_loop(graphdef, state, queue, queue_lens, count, stop_ids, max_new, *,
         """The first free row takes the next prompt: its prefill, its first token."""
         cache, serving, n_out, last, active, answers, nxt = carry
         r = jnp.argmin(active)  # a free row (False sorts first)
-        logits, one, _ = prefill(target, None, queue[nxt][None], queue_lens[nxt][None], max_len, chunk)
+
+        def prefill_at(length):  # one compiled prefill per bucket: [1, length] tokens
+            return lambda row, n: prefill(target, None, row[None, :length], n[None], max_len, chunk)[:2]
+        logits, one = jax.lax.switch(queue_buckets[nxt], [prefill_at(b) for b in buckets], queue[nxt], queue_lens[nxt])
         first = jnp.argmax(logits[0, 0], -1).astype(jnp.int32)
         ends = _is_stop(first, stop_ids) | (max_new <= 1)
         return (cache.put_sequence(r, one), serving.at[r].set(nxt), n_out.at[r].set(1), last.at[r].set(first),
@@ -86,32 +96,45 @@ def _serve_loop(graphdef, state, queue, queue_lens, count, stop_ids, max_new, *,
     return answers, steps[None], useful[None]
 
 
-_serve = jax.jit(_serve_loop, static_argnames=("graphdef", "rows", "capacity", "max_len", "chunk"))
+_STATICS = ("graphdef", "rows", "capacity", "max_len", "chunk", "buckets")
+_serve = jax.jit(_serve_loop, static_argnames=_STATICS)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "rows", "capacity", "max_len", "chunk", "mesh"))
-def _serve_split(graphdef, state, queue, queue_lens, counts, stop_ids, max_new, *, rows, capacity, max_len, chunk,
-                 mesh):
+@functools.partial(jax.jit, static_argnames=_STATICS + ("mesh",))
+def _serve_split(graphdef, state, queue, queue_lens, queue_buckets, counts, stop_ids, max_new, *, mesh, **statics):
     """Each device of `mesh` serves its contiguous share of the queue (its first counts[d] prompts)
     with `rows` rows of its own."""
-    def local(state, queue, queue_lens, count, stop_ids, max_new):
-        return _serve_loop(graphdef, state, queue, queue_lens, count[0], stop_ids, max_new, rows=rows,
-                           capacity=capacity, max_len=max_len, chunk=chunk)
-    split = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS), P(), P()), out_specs=P(AXIS),
-                          check_vma=False)  # each device's loop ends when its own queue is served
-    return split(state, queue, queue_lens, counts, stop_ids, max_new)
+    def local(state, queue, queue_lens, queue_buckets, count, stop_ids, max_new):
+        return _serve_loop(graphdef, state, queue, queue_lens, queue_buckets, count[0], stop_ids, max_new, **statics)
+    split = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS), P(AXIS), P(), P()),
+                          out_specs=P(AXIS), check_vma=False)  # each device's loop ends when its own queue is served
+    return split(state, queue, queue_lens, queue_buckets, counts, stop_ids, max_new)
+
+
+def admission_buckets(lengths: Sequence[int], admit_at: str = OWN_BUCKET, chunk: int = 512) -> tuple[list[int], list[int]]:
+    """The padded lengths an admission compiles (ascending) and each prompt's index among them: its
+    own bucket, or (`admit_at="queue"`) the longest prompt's for every prompt."""
+    if admit_at not in (OWN_BUCKET, QUEUE_BUCKET):
+        raise InputError(f"admit_at must be {OWN_BUCKET!r} or {QUEUE_BUCKET!r}, got {admit_at!r}")
+    longest = bucket_length(max(lengths), PROMPT_BUCKET, chunk)
+    if admit_at == QUEUE_BUCKET:
+        return [longest], [0] * len(lengths)
+    buckets = [b for b in prompt_buckets(max(lengths), PROMPT_BUCKET, chunk) if b <= longest]
+    return buckets, [buckets.index(bucket_length(n, PROMPT_BUCKET, chunk)) for n in lengths]
 
 
 def serve_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, rows: int, max_new_tokens: int,
                  stop_ids: Sequence[int] = (), devices: int = 1, prefill_chunk: int = 512,
-                 queue_multiple: int = 64) -> Served:
+                 queue_multiple: int = 64, admit_at: str = OWN_BUCKET) -> Served:
     """Greedy answers to `prompts` from `rows` rows per device, each row taking the next prompt
-    as soon as its answer ends. The queue is padded to a multiple of `queue_multiple` per device
-    (never served), prompts to their bucket, so a run compiles once per bucket and queue size."""
+    as soon as its answer ends, prefilled at its own bucket (`admit_at`: `admission_buckets`).
+    The queue is padded to a multiple of `queue_multiple` per device (never served), so a run
+    compiles once per queue size and longest bucket."""
     if rows < 1 or max_new_tokens < 1:
         raise InputError(f"rows and max_new_tokens must be >= 1, got {rows} and {max_new_tokens}")
     mesh = batch_mesh(devices)
     ids, lens = pad_prompts(prompts, multiple=PROMPT_BUCKET, chunk=prefill_chunk)
+    buckets, bucket_of = admission_buckets(lens.tolist(), admit_at, prefill_chunk)
     if ids.max() >= target.cfg.vocab_size or ids.min() < 0:
         raise InputError(f"prompt token ids must lie in [0, {target.cfg.vocab_size}), got {ids.min()}..{ids.max()}")
     count = len(prompts)
@@ -121,12 +144,13 @@ def serve_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, rows: int, 
     share = round_up(max(sizes), queue_multiple)
     queue = np.zeros((devices * share, ids.shape[1]), np.int32)
     queue_lens = np.ones((devices * share,), np.int32)
+    queue_buckets = np.zeros((devices * share,), np.int32)
     at = np.concatenate([np.arange(size) + d * share for d, size in enumerate(sizes)])
-    queue[at], queue_lens[at] = ids[order], lens[order]
+    queue[at], queue_lens[at], queue_buckets[at] = ids[order], lens[order], np.asarray(bucket_of)[order]
     max_len = ids.shape[1] + max_new_tokens + 1
     graphdef, state = nnx.split(target)
-    statics = dict(rows=rows, capacity=max_new_tokens, max_len=max_len, chunk=prefill_chunk)
-    args = (jnp.asarray(queue), jnp.asarray(queue_lens))
+    statics = dict(rows=rows, capacity=max_new_tokens, max_len=max_len, chunk=prefill_chunk, buckets=tuple(buckets))
+    args = (jnp.asarray(queue), jnp.asarray(queue_lens), jnp.asarray(queue_buckets))
     rest = (jnp.asarray(list(stop_ids), jnp.int32), jnp.int32(max_new_tokens))
     if mesh is None:
         answers, steps, useful = _serve(graphdef, state, *args, jnp.int32(count), *rest, **statics)

@@ -134,7 +134,8 @@ def prefill(target: Qwen3, drafter: DFlashDrafter | None, prompt, prompt_lens, m
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     cache = KVCache.init(target.cfg, batch, max_len, target.dtype)
     ctx = None if drafter is None else ContextCache.init(drafter.cfg, batch, max_len, target.dtype)
-    fused = choose_kernel(padded, padded, target.cfg.head_dim, target.dtype) != EINSUM
+    fused = choose_kernel(padded, padded, target.cfg.head_dim, target.dtype,
+                          kv_heads=target.cfg.num_key_value_heads) != EINSUM
     if not chunk or chunk >= padded or fused:
         out = target(prompt, cache=cache, num_new=prompt_lens, tap_layers=taps, logits_at=prompt_lens - 1)
         if drafter is not None:

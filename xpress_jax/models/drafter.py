@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from xpress_jax.errors import ConfigError
+from xpress_jax.models import kernels
 from xpress_jax.models.layers import (ACTIVATION_AXES, RMSNorm, layer_stack, map_layers,
                                       param, scan_layers)
 from xpress_jax.models.qwen3 import KVCache, Qwen3Config
@@ -175,6 +176,7 @@ class DFlashDrafter(nnx.Module):
         block_mask = jnp.broadcast_to(same_block, (batch, width, width))
         held = jnp.max(cache.lengths)  # the context slots past it are not read
 
+        @kernels.attention_scope("drafter")
         def context_then_block(q, k_blk, v_blk, carry, ctx, i):
             # the context slots [kv_heads * batch, max_len, head_dim] as far as filled, then the block's own
             return cache.attend_filled(q, [(ctx[0].astype(k_blk.dtype), ctx[1].astype(v_blk.dtype), ctx_mask, held),
@@ -203,14 +205,16 @@ class DFlashDrafter(nnx.Module):
         """
         batch, n_anchors, block, hidden = block_embeds.shape
         seq = ctx_kv[0][0].shape[1]  # layer 0's k [batch, seq, ...], in either layout
-        ctx_visible = jnp.arange(seq, dtype=jnp.int32)[None, None, :] < anchors[:, :, None]  # [batch, A, seq]
-        if anchor_valid is not None:  # padding anchors see only their own block
-            ctx_visible &= anchor_valid[:, :, None]
+        ctx_bound = anchors if anchor_valid is None else jnp.where(anchor_valid, anchors, 0)  # [batch, A]: padding anchors see only their own block
         flat_pos = (anchors[:, :, None] + jnp.arange(block, dtype=jnp.int32)).reshape(batch, n_anchors * block)
         x = constrain(block_embeds.reshape(batch, n_anchors * block, hidden).astype(self.dtype), ACTIVATION_AXES)
+        kernel = kernels.choose_anchored_kernel(n_anchors * block, seq, self.cfg.head_dim)
 
+        @kernels.attention_scope("drafter")
         def anchored(q, k_blk, v_blk, carry, ctx, i):
-            return _anchored_attention(q, ctx[0], ctx[1], k_blk, v_blk, ctx_visible, n_anchors), carry
+            if kernel != kernels.EINSUM:
+                return kernels.anchored_attention(q, ctx[0], ctx[1], k_blk, v_blk, ctx_bound, kernel), carry
+            return _anchored_attention(q, ctx[0], ctx[1], k_blk, v_blk, ctx_bound), carry
 
         x, _, _ = scan_layers(self.layers, x, flat_pos, anchored, per_layer=ctx_kv, remat=remat)
         return self.norm(x).reshape(batch, n_anchors, block, hidden)
@@ -221,13 +225,16 @@ class DFlashDrafter(nnx.Module):
         return self.anchored_blocks(self.training_context(taps), block_embeds, anchors, anchor_valid)
 
 
-def _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, n_anchors):
-    """Softmax over [visible context ; own block] for every block, without an A*B x A*B mask.
+def _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_bound):
+    """Softmax over [visible context ; own block] for every block, without an A*B x A*B mask: the
+    einsum form of `kernels.anchored_attention` (same arguments).
 
     q, k_blk, v_blk: [batch, A*B, heads|kv_heads, head_dim]; k_ctx, v_ctx: [batch, seq, kv_heads, head_dim];
-    ctx_visible: [batch, A, seq]. Memory is A*B*(seq + B) scores instead of A*B*(seq + A*B).
+    ctx_bound: [batch, A], block a sees context keys 0..ctx_bound-1. Memory is A*B*(seq + B) scores
+    instead of A*B*(seq + A*B).
     """
     batch, ab, heads, head_dim = q.shape
+    n_anchors = ctx_bound.shape[1]
     block = ab // n_anchors
     kv_heads = k_ctx.shape[2]
     group = heads // kv_heads
@@ -237,6 +244,7 @@ def _anchored_attention(q, k_ctx, v_ctx, k_blk, v_blk, ctx_visible, n_anchors):
     scale = head_dim**-0.5
     s_ctx = jnp.einsum("baqkgd,bskd->bakgqs", qg, k_ctx, preferred_element_type=jnp.float32) * scale
     s_blk = jnp.einsum("baqkgd,baskd->bakgqs", qg, kb, preferred_element_type=jnp.float32) * scale
+    ctx_visible = jnp.arange(k_ctx.shape[1], dtype=jnp.int32)[None, None, :] < ctx_bound[:, :, None]  # [batch, A, seq]
     s_ctx = jnp.where(ctx_visible[:, :, None, None, None, :], s_ctx, -0.7 * float(jnp.finfo(jnp.float32).max))
     probs = jax.nn.softmax(jnp.concatenate([s_ctx, s_blk], axis=-1), axis=-1)
     seq = k_ctx.shape[1]

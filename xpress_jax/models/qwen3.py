@@ -16,6 +16,7 @@ from flax import nnx, struct
 
 from xpress_jax.errors import ConfigError, read_json
 from xpress_jax.sharding import constrain
+from xpress_jax.models import kernels
 from xpress_jax.models.kernels import EINSUM, causal_attention, choose_kernel
 from xpress_jax.models.layers import (ACTIVATION_AXES, BATCH_MAJOR, HEADS_MAJOR, RMSNorm, RowOrder, is_scanned,
                                       layer_stack, param, scan_layers)
@@ -282,9 +283,11 @@ class Qwen3(nnx.Module):
         if attention is None:
             causal = causal_from_zero if cache is None else (num_new is not None and block_mask is None
                                                             and block_offsets is None)
-            attention = choose_kernel(seq, seq, self.cfg.head_dim, self.dtype) if causal else EINSUM
+            attention = (choose_kernel(seq, seq, self.cfg.head_dim, self.dtype, kv_heads=self.cfg.num_key_value_heads)
+                         if causal else EINSUM)
         x = constrain(self.embed(tokens), ACTIVATION_AXES)  # [batch, seq, hidden]
 
+        @kernels.attention_scope("target")
         def own_keys(q, k, v, written, _, i):  # attention over this pass's keys (and the cache's)
             # a fused kernel reads this pass's own keys: without a cache, or in a prefill (empty cache)
             fused = None if attention == EINSUM else causal_attention(q, k, v, attention)

@@ -9,10 +9,11 @@ import math
 import re
 
 import jax
+from jax.extend import core as jax_core
 import numpy as np
 
 from xpress_jax import sharding
-from xpress_jax.models import kernels
+from xpress_jax.models import flash_gpu, kernels
 from xpress_jax.models.build import target_config
 from xpress_jax.models.layers import unrolled_loops
 from xpress_jax.train.setup import Setup, refuse_uneven_mesh
@@ -56,21 +57,101 @@ def compile_step(config, compiler_options: dict | None = None, overridden: froze
     return setup, lowered.compile(compiler_options=compiler_options), lowered
 
 
-def fused_attention(config, platform: str, overridden: frozenset[str] = frozenset()) -> list[str]:
-    """The fused attention kernels (`models.kernels`) in the train step lowered for `platform`, read
-    from the lowered program's text: on this backend as it compiles, elsewhere through jax.export
-    (a TPU program lowers from any host; cuDNN's kernel lowers only with a GPU present)."""
+def _trace_for(config, platform: str, overridden: frozenset[str]):
+    """The train step traced as for `platform` ("cpu", "tpu", "gpu"): (jaxpr, lowered program text).
+    TPU and GPU programs lower from any host through jax.export; cuDNN's kernel only with a GPU
+    present, so a GPU program lowered without one holds flash_gpu in its place
+    (`kernels.choose_kernel`)."""
     with kernels.lowering_for(platform):
         setup = Setup(config, abstract=True, overridden=overridden)  # traced anew: jit's trace cache does not key on the platform
         args = (setup.abstract_state, setup.target_params, setup.abstract_batch())
+        jaxpr = jax.make_jaxpr(setup.step)(*args).jaxpr
         if platform == jax.default_backend():
             text = setup.step.lower(*args).as_text()
+        elif platform in kernels.GPU_PLATFORMS:
+            text = flash_gpu.lowered_for_cuda(setup.step, *args)
         else:
             text = jax.export.export(setup.step, platforms=[platform])(*args).mlir_module()
-    return kernels.kernels_in(text)
+    return jaxpr, text
 
 
-def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), progress=lambda partial: None,
+def fused_attention(config, platform: str, overridden: frozenset[str] = frozenset()) -> list[str]:
+    """The fused attention kernels (`models.kernels`) in the train step lowered for `platform`, read
+    from the lowered program's text."""
+    return kernels.kernels_in(_trace_for(config, platform, overridden)[1])
+
+
+def _sub_jaxprs(eqn):
+    for value in eqn.params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, jax_core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax_core.Jaxpr):
+                yield item
+
+
+def _kernel_of(eqn) -> str | None:
+    """The fused kernel an equation is (a Pallas call, jax's cuDNN attention), or None."""
+    if eqn.primitive.name == "pallas_call":
+        name = str(eqn.params.get("name", ""))
+        return next((k for k in (kernels.SPLASH, kernels.FLASH_GPU) if name.startswith(k)), f"pallas:{name}")
+    return kernels.CUDNN if "dot_product_attention" in eqn.primitive.name else None
+
+
+def attention_work(jaxpr) -> dict[str, dict]:
+    """Per model part (the `kernels.attention_scope` its attention runs in): the FLOPs of the
+    attention dot products left to XLA, each counted as often as its scans run it (a while loop's
+    body once: the train step has none around attention), and the kernels its attention calls are."""
+    parts: dict[str, dict] = {}
+
+    def walk(jaxpr, scope: str, times: int):
+        for eqn in jaxpr.eqns:
+            name = f"{scope}/{eqn.source_info.name_stack}"
+            part = re.search(rf"{kernels.ATTENTION_SCOPE}:(\w+)", name)
+            if part:
+                entry = parts.setdefault(part.group(1), {"xla_flops": 0.0, "kernels": set()})
+                kernel = _kernel_of(eqn)
+                if kernel:
+                    entry["kernels"].add(kernel)
+                    continue
+                if eqn.primitive.name == "dot_general":
+                    (contracting, _), _ = eqn.params["dimension_numbers"]
+                    lhs = eqn.invars[0].aval.shape
+                    entry["xla_flops"] += times * 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(
+                        lhs[d] for d in contracting)
+            inner = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
+            for sub in _sub_jaxprs(eqn):
+                walk(sub, name, inner)
+
+    walk(jaxpr, "", 1)
+    return parts
+
+
+def attention_in_kernels(config, platforms, overridden: frozenset[str] = frozenset()) -> dict:
+    """Per platform: the kernels its lowered train step holds, and per model part the kernels its
+    attention takes and the share of its attention FLOPs that run in them. The FLOPs are counted
+    as the einsum program (this CPU's) does them, masked scores included; a part's share is 1 less
+    the FLOPs its program for that platform leaves to XLA's dot products over the einsum
+    program's. `step`: the same share over every part."""
+    reference = attention_work(_trace_for(config, "cpu", overridden)[0])
+    report = {}
+    for platform in platforms:
+        jaxpr, text = _trace_for(config, platform, overridden)
+        work = attention_work(jaxpr)
+        share = lambda left, total: round(1.0 - left / total, 4) if total else None  # noqa: E731
+        parts = {part: {"kernels": sorted(work.get(part, {}).get("kernels", ())),
+                        "attention_gflops": round(ref["xla_flops"] / 1e9, 3),
+                        "in_kernels": share(work.get(part, {}).get("xla_flops", 0.0), ref["xla_flops"])}
+                 for part, ref in sorted(reference.items())}
+        total = sum(ref["xla_flops"] for ref in reference.values())
+        left = sum(w["xla_flops"] for w in work.values())
+        report[platform] = {"kernels": kernels.kernels_in(text), "parts": parts, "in_kernels": share(left, total)}
+        if platform in kernels.GPU_PLATFORMS and not kernels.cudnn_available():
+            report[platform]["cudnn"] = "no GPU here: the calls a GPU runs on cuDNN lower as flash_gpu"
+    return report
+
+
+def dry_run(config, *, model_flops: float | None = None, platforms=("tpu", "gpu"), progress=lambda partial: None,
             overridden: frozenset[str] = frozenset()) -> dict:
     """Compiles the train step on abstract arrays and reports, per device: argument, output,
     temporary and peak memory, and XLA's FLOPs. The same step compiled for one device gives the
@@ -82,7 +163,8 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), pro
     (`FLOPS_COUNTING`). A caller that knows the model FLOPs passes them and saves the one-device
     compile. `largest_vocab_f32_bytes` is at most `chunk_logits_bytes` when no f32 logits beyond
     one anchor chunk's are held. `fused_attention`: per platform (this backend and `platforms`),
-    the fused attention kernels the step's lowered program holds. `progress(report so far)` after
+    the fused attention kernels the step's lowered program holds; `attention`: per platform, the
+    share of the step's attention FLOPs in kernels, per model part (`attention_in_kernels`). `progress(report so far)` after
     each compile, so a run cut short keeps what it measured."""
     refuse_uneven_mesh(config)
     setup, compiled, lowered = compile_step(config, overridden=overridden)
@@ -108,9 +190,10 @@ def dry_run(config, *, model_flops: float | None = None, platforms=("tpu",), pro
                   largest_vocab_f32_bytes=largest_f32_bytes(compiled.as_text(), local_vocab,
                                                             except_shape=(local_vocab, arch.hidden_size)))
     progress(report)
-    here = jax.default_backend()  # this backend's program is the one just lowered
-    report["fused_attention"] = {here: kernels.kernels_in(lowered.as_text()),
-                                 **{p: fused_attention(config, p, overridden) for p in platforms if p != here}}
+    here = jax.default_backend()
+    attention = attention_in_kernels(config, list(dict.fromkeys((here, *platforms))), overridden)
+    report["fused_attention"] = {p: a["kernels"] for p, a in attention.items()}
+    report["attention"] = {p: {k: v for k, v in a.items() if k != "kernels"} for p, a in attention.items()}
     progress(report)
     counted = copy.deepcopy(config)
     with counted.unlocked():
