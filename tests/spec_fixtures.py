@@ -10,7 +10,7 @@ from flax import nnx
 from scipy import stats
 
 from compiled import jit_call
-from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.decoding.speculative import DecodingModels
 from xpress_jax.methods import DECODERS, HEADS, head_of
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 from xpress_jax.models.heads import GRUHead, MarkovHead, XPressRefiner
@@ -56,7 +56,7 @@ def random_models(head="dflash", seed=0, vocab=48, block=BLOCK):
     dcfg = DrafterConfig.from_target(tcfg, num_layers=2, target_layer_ids=(1, 0), block_size=block,
                                      mask_token_id=vocab - 1)
     drafter = redraw(DFlashDrafter(dcfg, rngs=nnx.Rngs(seed + 1)), seed + 1)
-    return SpecModels(target, drafter, make_head(head, dcfg, seed + 2))
+    return DecodingModels(target, drafter, make_head(head, dcfg, seed + 2))
 
 
 def counting_models(head, vocab=32, scale=1.0, block=BLOCK):
@@ -97,7 +97,7 @@ def counting_models(head, vocab=32, scale=1.0, block=BLOCK):
         h.proj_out.set_value(shift * big)
     else:
         h = None
-    return SpecModels(target, drafter, h)
+    return DecodingModels(target, drafter, h)
 
 
 def zero_logit_models(block=BLOCK):

@@ -131,6 +131,9 @@ def test_specforge_regenerated_records_tokenise_as_their_plain_conversations(tok
      r"regen.jsonl:1: a chat-completion response \(vLLM / SGLang output\) holds the reply but not its prompt"),
     ({"id": "batch-1", "custom_id": "r1", "response": {"status_code": 200, "body": {}}, "error": None},
      r"holds the reply but not its prompt; write each as"),
+    ({"id": "q9", "conversations": [{"role": "user", "content": "2+2?"},
+                                    {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"}]},
+     r"regen.jsonl:1: record 'q9', turn 1: the assistant turn's content holds a <think> block"),
 ])
 def test_outputs_that_cannot_train_as_they_are_are_refused_saying_what_to_convert(tmp_path, record, message):
     from xpress_jax.data.dataset import read_records

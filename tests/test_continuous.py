@@ -13,7 +13,7 @@ from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.data.chat import load_tokenizer, prompt_ids
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.continuous import DEFAULT_ROWS, admission_buckets, rows_that_fit, serve_greedy
-from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.decoding.speculative import DecodingModels, generate
 from xpress_jax.errors import InputError
 
 
@@ -25,7 +25,7 @@ def tiny():
     questions = [q for pair in zip(load_questions("gsm8k", 5), load_questions("alpaca", 5)) for q in pair]
     prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
     stops = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    static = generate(SpecModels(target), prompts, decoder="target", max_new_tokens=64, stop_ids=stops,
+    static = generate(DecodingModels(target), prompts, decoder="target", max_new_tokens=64, stop_ids=stops,
                       pad_multiple=64)
     return target, prompts, stops, static
 

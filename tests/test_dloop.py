@@ -11,7 +11,7 @@ from spec_fixtures import SLOTS, chi_square_p, exact_first_two, random_models, r
 from xpress_jax.decoding.dloop import (branch_inputs, branch_layout, loop_draft, prefix_scores, select_prefixes,
                                       verify_branches)
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels, adjacent_repeats, generate, prefill
+from xpress_jax.decoding.speculative import DecodingModels, adjacent_repeats, generate, prefill
 from xpress_jax.decoding.verify import branch_accept
 from xpress_jax.errors import InputError
 from xpress_jax.models.qwen3 import KVCache
@@ -21,7 +21,7 @@ PROMPTS = [[5, 9, 2, 7, 11], [3], [1, 4, 1, 5, 9, 2, 6, 5, 3]]
 
 
 def target_only(models, prompts, **kw):
-    return generate(SpecModels(models.target), prompts, decoder="target", **kw)
+    return generate(DecodingModels(models.target), prompts, decoder="target", **kw)
 
 
 def test_prefix_scores_and_top_k_match_numpy():
@@ -218,6 +218,6 @@ def test_bad_branch_requests_get_clear_errors():
     with pytest.raises(InputError, match="no xpress head"):
         generate(models, PROMPTS, decoder="dloop+xpress", max_new_tokens=4)
     with pytest.raises(InputError, match="needs a drafter"):
-        generate(SpecModels(models.target), PROMPTS, decoder="dloop", max_new_tokens=4)
+        generate(DecodingModels(models.target), PROMPTS, decoder="dloop", max_new_tokens=4)
     with pytest.raises(InputError, match="2 block"):  # K blocks of cache are needed, not one
         generate(models, [[1] * 6], decoder="dloop", branches=2, max_new_tokens=4, max_len=20)

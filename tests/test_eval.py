@@ -305,7 +305,7 @@ def test_the_verify_pass_reference_is_exact_in_bf16():
     from xpress_jax.checkpoints.hf_drafter import load_drafter
     from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
     from xpress_jax.data.chat import load_tokenizer, prompt_ids
-    from xpress_jax.decoding.speculative import SpecModels, generate
+    from xpress_jax.decoding.speculative import DecodingModels, generate
     from xpress_jax.errors import InputError
     from xpress_jax.eval.evaluate import lossless_check
     tok = load_tokenizer(assets.TINY_TARGET)
@@ -315,18 +315,18 @@ def test_the_verify_pass_reference_is_exact_in_bf16():
 
     def models(dtype):
         target = load_qwen3(assets.TINY_TARGET, dtype=dtype, param_dtype=dtype)
-        return SpecModels(target, load_drafter(assets.TINY_DFLASH, dtype=dtype, param_dtype=dtype))
+        return DecodingModels(target, load_drafter(assets.TINY_DFLASH, dtype=dtype, param_dtype=dtype))
 
     f32 = models(jnp.float32)
     reference = generate(f32, prompts[:4], decoder="dflash", reject_drafts=True, **kw)
     assert (reference.stats["committed"] == reference.stats["steps"]).all()  # one token a step
-    assert reference.tokens == generate(SpecModels(f32.target), prompts[:4], decoder="target", **kw).tokens
+    assert reference.tokens == generate(DecodingModels(f32.target), prompts[:4], decoder="target", **kw).tokens
 
     bf16 = models(jnp.bfloat16)
     method = generate(bf16, prompts, decoder="dflash", **kw)
     reference = generate(bf16, prompts, decoder="dflash", reject_drafts=True, **kw)
     assert method.tau > 1.5 and reference.tokens == method.tokens
-    one_token = generate(SpecModels(bf16.target), prompts, decoder="target", **kw).tokens
+    one_token = generate(DecodingModels(bf16.target), prompts, decoder="target", **kw).tokens
     report = lossless_check(bf16.target, prompts, method.tokens, one_token)
     assert all(d["target_margin"] < 0.25 for d in report["first_divergences"]), report
     with pytest.raises(InputError, match="reject_drafts is a greedy reference"):
@@ -430,7 +430,7 @@ def test_an_off_by_one_commit_fails_the_lossless_check(monkeypatch, dtype):
     tok = load_tokenizer(assets.TINY_TARGET)
     prompts = [prompt_ids(tok, [{"role": "user", "content": q}]) for q in load_questions("gsm8k", 2)]
     dt = jnp.dtype(dtype)
-    models = speculative.SpecModels(load_qwen3(assets.TINY_TARGET, dtype=dt, param_dtype=dt),
+    models = speculative.DecodingModels(load_qwen3(assets.TINY_TARGET, dtype=dt, param_dtype=dt),
                                     load_drafter(assets.TINY_DFLASH, dtype=dt, param_dtype=dt))
     kw = dict(max_new_tokens=32, pad_multiple=64)
 

@@ -161,13 +161,13 @@ def test_a_later_turn_is_asked_after_the_decoders_own_answer():
     from xpress_jax.data.questions import load_dataset_entry
     from xpress_jax.eval.evaluate import build_methods, conversation, decode_dataset, parse_methods, stop_ids
     from xpress_jax.eval.settings import EvalSettings
-    from xpress_jax.decoding.speculative import SpecModels
+    from xpress_jax.decoding.speculative import DecodingModels
     config = load_config(DEFAULT_CONFIG)
     config.target.hf_dir = assets.TINY_TARGET
     methods = parse_methods([f"dflash={assets.TINY_DFLASH}"], (), "")
     s = dataclasses.replace(EvalSettings.from_config(config.eval), temperature=1.0, max_new_tokens=12)
     target, models = build_methods(config, methods, s.drafter_dtype)
-    decoders = {"target": (SpecModels(target), None), "dflash": (models["dflash"], methods[0])}
+    decoders = {"target": (DecodingModels(target), None), "dflash": (models["dflash"], methods[0])}
     tok = load_tokenizer(assets.TINY_TARGET)
     questions = load_dataset_entry(f"mt_bench={MT_BENCH}", 2).questions
     decoded, responses = decode_dataset("mt_bench", questions, decoders, s, tok, stop_ids(tok), 64, progress=False)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from spec_fixtures import redraw
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import DecodeOptions, SpecModels, _decode
+from xpress_jax.decoding.speculative import DecodeOptions, DecodingModels, _decode
 from xpress_jax.models.drafter import DFlashDrafter, DrafterConfig
 from xpress_jax.models.qwen3 import Qwen3, Qwen3Config
 
@@ -41,7 +41,7 @@ def test_no_cache_copies_inside_the_decode_loop(decoder, settings, batch):
                        num_attention_heads=4, num_key_value_heads=2, head_dim=48, rope_theta=10_000.0)
     target = redraw(Qwen3(tcfg, rngs=nnx.Rngs(0)), 0)
     dcfg = DrafterConfig.from_target(tcfg, num_layers=2, block_size=4, mask_token_id=63)
-    models = SpecModels(target, redraw(DFlashDrafter(dcfg, rngs=nnx.Rngs(1)), 1))
+    models = DecodingModels(target, redraw(DFlashDrafter(dcfg, rngs=nnx.Rngs(1)), 1))
     opts = DecodeOptions(decoder=decoder, greedy=True, max_len=SLOTS, settings=settings)
     graphdef, state = nnx.split(models)
     lowered = _decode.lower(graphdef, state, jnp.ones((batch, 8), jnp.int32), jnp.full((batch,), 8, jnp.int32),

@@ -106,7 +106,9 @@ def test_a_head_registered_in_a_test_file_trains_exports_and_evaluates(tmp_path,
                             lossless_reference="target_only")
     report, failures = evaluate(config, parse_methods(None, ["echo"], str(export)), s, check_lossless=True)
     row = report["results"]["math500"]["echo"]
-    assert failures == 0 and row["lossless"] is True and row["tau"] >= 1.0 and row["new_tokens"] == 12
+    counts = row["per_prompt"]
+    assert failures == 0 and row["lossless"] is True and row["new_tokens"] == 12
+    assert row["tau"] == pytest.approx(sum(counts["committed"]) / sum(counts["steps"]), rel=1e-9)
 
 
 def test_a_head_spec_must_declare_the_terms_its_loss_returns(echo_registered):

@@ -10,7 +10,7 @@ from flax import nnx
 from spec_fixtures import (BLOCK, SLOTS, chi_square_p, counting_models, exact_first_two, random_models,
                            zero_logit_models)
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.decoding.speculative import DecodingModels, generate
 from xpress_jax.errors import ConfigError, InputError
 
 PROMPTS = [[5, 9, 2, 7, 11], [3], [1, 4, 1, 5, 9, 2, 6, 5, 3]]
@@ -19,7 +19,7 @@ DECODES = [("dflash", {}), ("markov", {}), ("gru", {}), ("xpress", dict(max_iter
 
 
 def target_only(models, prompts, **kw):
-    return generate(SpecModels(models.target), prompts, decoder="target", **kw)
+    return generate(DecodingModels(models.target), prompts, decoder="target", **kw)
 
 
 @pytest.mark.parametrize("decoder, options", DECODES)
@@ -135,7 +135,7 @@ def test_bad_requests_get_clear_errors():
     assert knobs.for_decoder("dloop+xpress") == knobs
     other = random_models("dflash", vocab=64)
     with pytest.raises(ConfigError, match="drafter vocab_size is 64 but the target's is 48"):
-        generate(SpecModels(models.target, other.drafter), PROMPTS, max_new_tokens=2)
+        generate(DecodingModels(models.target, other.drafter), PROMPTS, max_new_tokens=2)
 
 
 def test_prefill_computes_logits_for_each_prompts_last_token_only():
@@ -211,12 +211,12 @@ def test_prompts_compile_at_a_fixed_set_of_buckets_and_reuse_them():
     exact = [target_only(models, prompts, max_new_tokens=6).tokens for prompts in batches]
     before = _decode._cache_size()
     for prompts, tokens in zip(batches, exact):
-        padded = generate(SpecModels(models.target), prompts, decoder="target", max_new_tokens=6,
+        padded = generate(DecodingModels(models.target), prompts, decoder="target", max_new_tokens=6,
                           pad_multiple=64, min_rows=4)
         assert padded.tokens == tokens and len(padded.stopped) == len(prompts)
     # the token budget is traced: a smaller one with the same cache runs the same program
     for budget in (1, 3):
-        short = generate(SpecModels(models.target), batches[2], decoder="target", max_new_tokens=budget,
+        short = generate(DecodingModels(models.target), batches[2], decoder="target", max_new_tokens=budget,
                          pad_multiple=64, min_rows=4, max_len=64 + 6 + 1)
         assert short.tokens == [t[:budget] for t in exact[2]] and short.stats["per_step"].shape == (3, budget)
     assert _decode._cache_size() == before + 1
@@ -262,7 +262,7 @@ def test_answers_of_the_recipes_length_are_lossless_after_a_2000_token_prompt():
     tokens are target-only decoding's. (Random weights at these prompt lengths: tests/test_eval.py.)"""
     models = counting_models("markov")
     prompt = [np.random.default_rng(0).integers(0, models.target.cfg.vocab_size, 2000).tolist()]
-    base = generate(SpecModels(models.target), prompt, decoder="target", max_new_tokens=2048, pad_multiple=64)
+    base = generate(DecodingModels(models.target), prompt, decoder="target", max_new_tokens=2048, pad_multiple=64)
     spec = generate(models, prompt, decoder="markov", max_new_tokens=2048, pad_multiple=64)
     assert len(base.tokens[0]) == 2048 and spec.tokens == base.tokens
     assert spec.stats["steps"][0] <= 2048 // 3  # at least three tokens a step over the long cache

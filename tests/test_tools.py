@@ -26,11 +26,16 @@ def test_param_count_cli():
 
 
 def test_logit_check_passes_and_fails_by_tolerance(tiny_dirs):
-    r = run("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}")
+    """On random ids when asked (the tiny directory has no tokenizer); without them, the missing
+    tokenizer is refused in one line, not replaced by random ids unasked."""
+    r = run("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}", "--random_tokens=32")
     assert r.returncode == 0, r.stderr
     out = last_json(r.stdout)
-    assert out["passed"] and out["max_abs_diff"] < 1e-4 and 0 <= out["kl"] < 1e-8
-    strict = invoke("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}", "--tolerance=1e-12")
+    assert out["passed"] and out["max_abs_diff"] < 1e-4 and out["kl"] < 1e-8 and out["token_source"] == "random"
+    refused = invoke("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}")
+    assert refused.returncode == 2 and "has no tokenizer" in refused.stderr and "--random_tokens" in refused.stderr
+    strict = invoke("xpress_jax.tools.logit_check", f"--hf_dir={tiny_dirs['untied_gqa2']}", "--random_tokens=32",
+                    "--tolerance=1e-12")
     assert strict.returncode == 1 and not last_json(strict.stdout)["passed"]
 
 

@@ -191,6 +191,50 @@ def test_nan_steps_are_skipped_then_stop_the_run(tmp_path):
         train(train_config(tmp_path, **{"train.steps": "20", "train.lr": "1e30", "train.save_every": "2"}))
 
 
+def test_a_sigterm_on_a_non_finite_step_saves_the_last_finite_state(tmp_path):
+    """The loop on a counting step function: step 3's gradient is not finite (the update is
+    skipped, so the state stays that of step 2) and a SIGTERM arrives during it. The loop saves
+    step 3 with the last finite state and the data position past step 3's batch, then stops."""
+    import types
+
+    from xpress_jax.train.loop import run_loop
+    saved = []
+
+    class Checkpoints:
+        directory = str(tmp_path)
+        manager = types.SimpleNamespace(should_save=lambda step: False)
+
+        def save(self, step, state, data_state, force=False):
+            saved.append((step, int(state), data_state, force))
+
+        def latest_step(self):
+            return saved[-1][0] if saved else None
+
+        def close(self):
+            pass
+
+    class Batches:
+        position = 0
+
+        def __next__(self):
+            self.position += 1
+            return self.position
+
+        def get_state(self):
+            return {"position": self.position}
+
+    def step_fn(state, batch):
+        finite = batch != 3
+        if not finite:
+            os.kill(os.getpid(), signal.SIGTERM)  # the preemption lands on the bad step
+        return (state + 1 if finite else state), {"loss": jnp.float32(0.0), "finite": jnp.asarray(finite)}
+
+    _, step, _ = run_loop(step_fn, 0, Batches(), section=types.SimpleNamespace(log_every=100, max_bad_steps=5),
+                          total_steps=10, start=0, ckpt=Checkpoints(), out_dir=str(tmp_path), desc="loop",
+                          count_tokens=lambda batch: 1)
+    assert step == 3 and saved == [(3, 2, {"position": 3}, True)]
+
+
 def test_data_without_assistant_tokens_is_refused(tmp_path):
     from xpress_jax.data.byte_tokenizer import ByteTokenizer
     from xpress_jax.data.dataset import make_dataset, read_records
@@ -421,8 +465,14 @@ def test_the_dry_run_proves_the_work_is_split_and_meshes_that_cannot_split_it_ar
     report = dry_run(config)
     assert report["devices"] == 8 and report["peak_gib"] > 0 and report["model_flops"] > 0
     assert 0.97 <= report["flops_ratio"] <= 1.03, report
-    # read from the lowered programs: none on this CPU, splash attention in the step lowered for TPU
-    assert report["fused_attention"] == {"cpu": [], "tpu": ["splash"]}, report
+    # read from the lowered programs: none on this CPU, splash attention in the step lowered for TPU,
+    # flash_gpu in the step lowered for CUDA
+    assert report["fused_attention"] == {"cpu": [], "tpu": ["splash"], "gpu": ["flash_gpu"]}, report
+    tpu, gpu = report["attention"]["tpu"], report["attention"]["gpu"]
+    assert tpu["parts"]["target"]["in_kernels"] == 1.0 and tpu["parts"]["drafter"]["kernels"] == []  # 8 x 6
+    # anchored queries are not whole 128-query splash tiles; flash_gpu's 16-query tiles take them
+    assert gpu["parts"]["drafter"]["kernels"] == ["flash_gpu"] and gpu["in_kernels"] >= 0.95
+    assert 0 < tpu["in_kernels"] < 1 and report["attention"]["cpu"]["in_kernels"] == 0.0
     # no f32 vocabulary-sized array beyond one anchor chunk's logits (32 anchors in chunks of 8)
     assert 0 < report["largest_vocab_f32_bytes"] <= report["chunk_logits_bytes"] == 4 * 2 * 8 * 5 * 4096, report
     for mesh, field, message in (

@@ -12,14 +12,14 @@ from spec_fixtures import (BLOCK, SLOTS, chi_square_p, counting_models, exact_fi
                            zero_logit_models)
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.decoding.speculative import DecodingModels, generate
 from xpress_jax.errors import InputError
 
 PROMPTS = [[5, 9, 2, 7, 11], [3], [1, 4, 1, 5, 9, 2, 6, 5, 3]]
 
 
 def target_only(models, prompts, **kw):
-    return generate(SpecModels(models.target), prompts, decoder="target", **kw)
+    return generate(DecodingModels(models.target), prompts, decoder="target", **kw)
 
 
 @pytest.mark.parametrize("decoder, options", [("dflash", {}), ("markov", {}), ("gru", {}), ("xpress", dict(max_iters=2)),
@@ -107,5 +107,5 @@ def test_bad_verify_tokens_get_clear_errors():
     with pytest.raises(InputError, match=r"verify_tokens must lie in 0\.\.3"):
         generate(models, PROMPTS, decoder="dflash", max_new_tokens=4, verify_tokens=BLOCK)
     with pytest.raises(InputError, match="verify_tokens=1 would be ignored by decoder 'target'"):
-        generate(SpecModels(models.target), PROMPTS, decoder="target", max_new_tokens=4, verify_tokens=1)
+        generate(DecodingModels(models.target), PROMPTS, decoder="target", max_new_tokens=4, verify_tokens=1)
     assert DecodeSettings(verify_tokens=2, max_iters=3).for_decoder("dflash") == DecodeSettings(verify_tokens=2)

@@ -103,7 +103,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
     compile_only: on abstract weights, each variant's loop compiled and not run (`loop_compile_seconds`):
     what a run at these shapes compiles, on any host."""
     from xpress_jax.models.build import build_target, new_drafter, new_head, drafter_config
-    from xpress_jax.decoding.speculative import SpecModels
+    from xpress_jax.decoding.speculative import DecodingModels
     from xpress_jax.methods import head_of
 
     if new_tokens < 2:
@@ -132,7 +132,7 @@ def suite(config, *, contexts=(128, 1024), batches=(1,), new_tokens: int = 128, 
             prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
             rows = out["contexts"].setdefault(str(context), {}).setdefault(str(batch), {})
             for label, decoder, settings in variants:
-                models = SpecModels(target, drafter, heads.get(head_of(decoder)))
+                models = DecodingModels(target, drafter, heads.get(head_of(decoder)))
                 rows[label] = (loop_compile_seconds(models, decoder, settings, batch=batch, prompt_len=context,
                                                new_tokens=new_tokens) if compile_only else
                                step_seconds(models, prompts, decoder, settings, new_tokens=new_tokens, reps=reps))

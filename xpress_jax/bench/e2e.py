@@ -29,7 +29,7 @@ from xpress_jax.decoding.profile import jit_on_state
 from xpress_jax.timing import median_seconds
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels, draft_block, prefill, verify_block
+from xpress_jax.decoding.speculative import DecodingModels, draft_block, prefill, verify_block
 from xpress_jax.errors import InputError
 
 # the heads compared on one drafter's blocks: all three were trained on the frozen dflash/ drafter
@@ -75,7 +75,7 @@ def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_token
              for name, stage in SAME_DRAFTER.items()}
     prompts, _, stops = encode_prompts(c, load_questions("gsm8k", num_prompts), c.eval.max_prompt_tokens)
     continuations = generate_greedy(target, prompts, max_new_tokens=max_new_tokens, stop_ids=stops).tokens
-    blocks_of = drafter_blocks(SpecModels(target, drafter))
+    blocks_of = drafter_blocks(DecodingModels(target, drafter))
     parts = [blocks_of(ids, anchors) for ids, anchors, _ in anchored_sequences(list(zip(prompts, continuations)), 32)]
     s, h, last = (np.concatenate([np.asarray(p[i]) for p in parts]) for i in range(3))  # [blocks, n, ...]
     table = target.embed_tokens.get_value()  # [vocab, hidden]: the GRU head embeds x_{k-1} with it
@@ -105,12 +105,12 @@ def suite(config, run: str, out_dir: str, *, num_prompts: int = 8, max_new_token
         seconds = {name: median_seconds(fn, w, *args, reps=reps) for name, (fn, w) in variants.items()}
         out["real_blocks"]["by_batch"][str(batch)] = {
             "seconds": seconds, "ratio_to_markov": {k: v / seconds["markov"] for k, v in seconds.items()}}
-    out["step_costs"] = step_costs(SpecModels(target, drafter), prompts[0], max_len=len(prompts[0]) + max_new_tokens
+    out["step_costs"] = step_costs(DecodingModels(target, drafter), prompts[0], max_len=len(prompts[0]) + max_new_tokens
                                    + drafter.cfg.block_size, reps=reps)
     return out
 
 
-def step_costs(models: SpecModels, prompt: list[int], *, max_len: int, reps: int) -> dict:
+def step_costs(models: DecodingModels, prompt: list[int], *, max_len: int, reps: int) -> dict:
     """Batch 1, on the cache of one real prompt: the target pass over w tokens (w = 1 is one step of
     target-only decoding, w = block one verification) and one drafter pass. Each is its own jitted
     call, so each also carries the per-call dispatch that the decode loop does not pay."""

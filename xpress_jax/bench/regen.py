@@ -17,14 +17,16 @@ from xpress_jax import timing
 def suite(target, prompts: list[list[int]], stop_ids, *, max_new_tokens: int, batches: list[int], devices: int,
           reps: int, progress=lambda partial: None) -> dict:
     from xpress_jax.decoding.continuous import OWN_BUCKET, QUEUE_BUCKET, admission_buckets, serve_greedy
-    from xpress_jax.decoding.speculative import SpecModels, generate
-    models = SpecModels(target)
+    from xpress_jax.decoding.speculative import DecodingModels, generate
+    models = DecodingModels(target)
     lengths = [len(p) for p in prompts]
     prefill_seconds = _prefill_seconds(target, prompts, max_new_tokens, reps)  # per padded length
-    admission_seconds = {}  # per way of admitting: every prompt's prefill, summed
+    admitted = {}  # per way of admitting: the prompts prefilled at each padded length
     for admit_at in (OWN_BUCKET, QUEUE_BUCKET):
         buckets, bucket_of = admission_buckets(lengths, admit_at)
-        admission_seconds[admit_at] = sum(prefill_seconds[buckets[b]] for b in bucket_of)
+        admitted[admit_at] = {str(b): bucket_of.count(i) for i, b in enumerate(buckets) if i in bucket_of}
+    admission_seconds = {way: sum(n * prefill_seconds[int(b)] for b, n in counts.items())
+                         for way, counts in admitted.items()}
 
     def static(rows: int):
         """Static batches of `rows` prompts: each device's loop decodes its rows of the batch until its
@@ -49,7 +51,8 @@ def suite(target, prompts: list[list[int]], stop_ids, *, max_new_tokens: int, ba
 
     result = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "devices": devices,
               "prompt_lengths": {"min": min(lengths), "median": float(np.median(lengths)), "max": max(lengths)},
-              "prefill_seconds": {str(k): v for k, v in sorted(prefill_seconds.items())}, "batches": {}}
+              "prefill_seconds": {str(k): v for k, v in sorted(prefill_seconds.items())},
+              "admitted_at": admitted, "batches": {}}
     ways = (("static", static, None), ("continuous_queue_bucket", continuous(QUEUE_BUCKET), QUEUE_BUCKET),
             ("continuous", continuous(OWN_BUCKET), OWN_BUCKET))
     for rows in batches:

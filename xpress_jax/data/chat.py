@@ -63,6 +63,10 @@ def normalise_messages(record: dict[str, Any]) -> list[dict[str, str]]:
             raise DataError(f"record {record.get('id', '?')!r}, turn {i}: the assistant turn carries "
                             "reasoning_content (the target answered with thinking on), but drafters train "
                             "and decode with thinking off; regenerate with --reasoning disable")
+        if role == "assistant" and "<think>" in content:  # regenerated with thinking on, no reasoning parser
+            raise DataError(f"record {record.get('id', '?')!r}, turn {i}: the assistant turn's content holds a "
+                            "<think> block (the target answered with thinking on), but drafters train and decode "
+                            "with thinking off; regenerate with --reasoning disable")
         messages.append({"role": role, "content": content})
     return messages
 

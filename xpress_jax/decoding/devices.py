@@ -82,7 +82,7 @@ def tensor_mesh(devices: int, cfg, pool=None) -> Mesh | None:
 
 
 def place_on_tensor_mesh(models, mesh: Mesh) -> None:
-    """Splits `models.target` (a SpecModels) over `mesh` by its parameters' logical axes and
+    """Splits `models.target` (a DecodingModels) over `mesh` by its parameters' logical axes and
     replicates the drafter and head there (a no-op for what is already placed so)."""
     for path, var in nnx.to_flat_state(nnx.state(models, nnx.Param)):
         axes = var.get_metadata().get("axes", ()) if path[0] == "target" else ()

@@ -15,7 +15,7 @@ from xpress_jax.decoding.dloop import loop_draft, verify_branches
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.padding import pad_prompts
-from xpress_jax.decoding.speculative import SpecModels, draft_block, fold_head, prefill, verify_block
+from xpress_jax.decoding.speculative import DecodingModels, draft_block, fold_head, prefill, verify_block
 from xpress_jax.methods import DECODERS, head_of
 from xpress_jax.timing import median_seconds
 
@@ -25,7 +25,7 @@ def jit_on_state(graphdef, fn):
     return jax.jit(lambda state, *args: fn(nnx.merge(graphdef, state), *args))
 
 
-def component_times(models: SpecModels, prompt: list[int], *, decoder: str, max_new_tokens: int,
+def component_times(models: DecodingModels, prompt: list[int], *, decoder: str, max_new_tokens: int,
                     settings: DecodeSettings = DecodeSettings(), reps: int = 5,
                     pad_multiple: int = 1) -> dict[str, float]:
     """Seconds per call: prefill (the prompt), draft (one drafter block + the base logits of the

@@ -23,12 +23,12 @@ def refine_block(name: str | None, head, s: jax.Array, h: jax.Array, anchor: jax
                  settings: DecodeSettings = DecodeSettings(), noise: jax.Array | None = None,
                  temperature: float = 1.0) -> DraftBlock:
     """name: a key of methods.HEADS, or None for the drafter alone.
-    s: [batch, m, vocab] base logits of the block's first m positions; h: [batch, n, hidden] of all
-    n >= m (XPress's g is their mean); anchor: [batch] -> tokens, logits of the m positions. The
-    heads are causal, so these are exactly the first m positions of the whole block's solve.
+    s: [batch, drafted, vocab] base logits of the block's first `drafted` positions; h: [batch, n, hidden] of all
+    n >= drafted (XPress's g is their mean); anchor: [batch] -> tokens, logits of those positions. The
+    heads are causal, so these are exactly the first `drafted` positions of the whole block's solve.
     A Jacobi head (XPress) reads settings.max_iters (Jacobi iterations), early_stop and top_k (candidate mode).
 
-    Greedy without `noise`; with Gumbel noise [batch, m, vocab] each token is argmax(l/T + G),
+    Greedy without `noise`; with Gumbel noise [batch, drafted, vocab] each token is argmax(l/T + G),
     a sample from softmax(l/T) of the logits returned. The noise stays fixed across Jacobi
     iterations, so the fixed point is the sequential sampled decode with the same noise.
     In candidate mode (xpress, top_k > 0) the returned logits are full-vocabulary rows that are
@@ -40,15 +40,15 @@ def refine_block(name: str | None, head, s: jax.Array, h: jax.Array, anchor: jax
                             iterations=jnp.zeros((batch,), jnp.int32))
     if name not in HEADS:
         raise InputError(f"unknown head {name!r}; choose one of {', '.join(HEADS)} (or None: the drafter alone)")
-    m = s.shape[1]
+    drafted = s.shape[1]
     if HEADS[name].decode == SERIAL:
-        tokens, logits = head.decode_serial(s, h[:, :m], anchor, embed, noise=noise, temperature=temperature)
-        return DraftBlock(tokens=tokens, logits=logits, iterations=jnp.full((batch,), m, jnp.int32))
+        tokens, logits = head.decode_serial(s, h[:, :drafted], anchor, embed, noise=noise, temperature=temperature)
+        return DraftBlock(tokens=tokens, logits=logits, iterations=jnp.full((batch,), drafted, jnp.int32))
     assert HEADS[name].decode == JACOBI, name
     max_iters, early_stop, top_k = settings.max_iters, settings.early_stop, settings.top_k
     folded = head.fold()
-    c = folded.block_constant(h)[:, :m]  # per-block constant over all n positions, outside the loop
-    folded = folded.first(m)
+    c = folded.block_constant(h)[:, :drafted]  # per-block constant over all n positions, outside the loop
+    folded = folded.first(drafted)
     if top_k <= 0:
         pick = lambda scores: choose(scores, noise, temperature)  # noqa: E731
         return jacobi_solve(lambda prev: folded.logits(s, c, prev), s, anchor, max_iters=max_iters,

@@ -38,7 +38,7 @@ from xpress_jax.models.qwen3 import KVCache, Qwen3, write_at
 PAD = -1  # fills the output after a sequence stops
 
 
-class SpecModels(nnx.Module):
+class DecodingModels(nnx.Module):
     """Target, drafter and head in one graph, so one split/merge carries them into `jit`."""
 
     def __init__(self, target: Qwen3, drafter: DFlashDrafter | None = None, head: nnx.Module | None = None):
@@ -77,7 +77,7 @@ class DecodeStats:
     committed: jax.Array  # [batch] tokens committed by those steps (sum of acc + 1, cut at stops)
     accepted_at: jax.Array  # [batch, B-1] steps whose acceptance reached position k (1-based k = index + 1)
     iterations: jax.Array  # [batch] Jacobi iterations (or serial steps) summed over steps
-    # [batch] drafted positions 2..m whose token equals the previous drafted token (m = the verified
+    # [batch] drafted positions 2..drafted whose token equals the previous drafted token (drafted: the verified
     # drafts, settings.verify_tokens; B-1 by default)
     draft_repeats: jax.Array
     # the same count on the drafter's own one-pass block (argmax s, before any head or second pass),
@@ -192,10 +192,10 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
     batch = prompt.shape[0]
     block = drafter.cfg.block_size if DECODERS[opts.decoder].drafter else 1
     n = block - 1
-    # the block's first m positions are drafted (after the drafter's pass over all B), refined and
-    # verified: causal heads decide position k from positions < k only, so the first m of a whole
+    # the block's first `drafted` positions are drafted (after the drafter's pass over all B), refined and
+    # verified: causal heads decide position k from positions < k only, so the first `drafted` of a whole
     # block's draft are exactly these
-    m = settings.drafted(block)
+    drafted = settings.drafted(block)
     taps = () if drafter is None else drafter.cfg.target_layer_ids
     capacity = opts.max_len  # no run commits more tokens than its cache holds; max_new [] int32 is traced
 
@@ -215,7 +215,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
                         draft_repeats=jnp.zeros((batch,), jnp.int32), drafter_repeats=jnp.zeros((batch,), jnp.int32),
                         prefix_kept=jnp.zeros((batch,), jnp.int32), empty_prefix=jnp.zeros((batch,), jnp.int32),
                         per_step=jnp.zeros((batch, capacity), jnp.int32))
-    slots = jnp.arange(m + 1, dtype=jnp.int32)  # the verified block: last + m drafts
+    slots = jnp.arange(drafted + 1, dtype=jnp.int32)  # the verified block: last + drafted tokens
 
     loop = DECODERS[opts.decoder].loop
     match = opts.acceptance == "match"
@@ -223,20 +223,20 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
     head = fold_head(head_name, head)  # hoisted out of the loop: the weights do not change between blocks
 
     def draft_and_verify(tcache, ctx, last, k_noise, k_accept):
-        """-> the verified draft [batch, m], acc, the target's next token, the target's output over the
+        """-> the verified draft [batch, drafted], acc, the target's next token, the target's output over the
         kept block (cache and taps as if only that block had been run), Jacobi iterations, the
-        drafter's one-pass block [batch, m] and the verified branch's kept prefix length [batch]."""
-        if loop:  # D-Loop drafts its whole two-pass block (its prefix rule reads all of it); m are verified
+        drafter's one-pass block [batch, drafted] and the verified branch's kept prefix length [batch]."""
+        if loop:  # D-Loop drafts its whole two-pass block (its prefix rule reads all of it); `drafted` are verified
             d = loop_draft(target, drafter, ctx, last, settings, head=head)
-            branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens[:, :, :m], key=k_accept,
+            branch, acc, nxt, verify = verify_branches(target, tcache, last, d.tokens[:, :, :drafted], key=k_accept,
                                                        temperature=temperature, greedy=opts.greedy, tap_layers=taps,
                                                        reject_drafts=opts.reject_drafts, match=match)
-            return (_row(d.tokens, branch)[:, :m], acc, nxt, verify, d.iterations, d.one_pass[:, :m],
+            return (_row(d.tokens, branch)[:, :drafted], acc, nxt, verify, d.iterations, d.one_pass[:, :drafted],
                     _row(d.prefix_len, branch))
         iterations = jnp.zeros((batch,), jnp.int32)
         no_prefix = jnp.zeros((batch,), jnp.int32)
         if n > 0:  # draft: one drafter pass over [last, MASK...], then the head
-            s, h = draft_block(target, drafter, ctx, last, m)  # [batch, m, vocab], [batch, n, hidden]
+            s, h = draft_block(target, drafter, ctx, last, drafted)  # [batch, drafted, vocab], [batch, n, hidden]
             noise = None if opts.greedy or match else gumbel_noise(k_noise, s.shape)
             res = refine_block(head_name, head, s, h, last, target.embed, settings=settings,
                                noise=noise, temperature=temperature)
@@ -302,7 +302,7 @@ def _decode_loop(graphdef, state, prompt, prompt_lens, stop_ids, key, temperatur
 _decode = jax.jit(_decode_loop, static_argnames=("graphdef", "opts"))
 
 
-def check_compatible(models: SpecModels, decoder: str) -> None:
+def check_compatible(models: DecodingModels, decoder: str) -> None:
     if decoder not in DECODERS:
         raise InputError(f"unknown decoder {decoder!r}; choose one of {', '.join(DECODERS)}")
     if not DECODERS[decoder].drafter:
@@ -315,7 +315,7 @@ def check_compatible(models: SpecModels, decoder: str) -> None:
         raise InputError(f"decoder {decoder!r} was chosen but no {head} head was given")
 
 
-def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
+def generate(models: DecodingModels, prompts: Sequence[Sequence[int]], *, decoder: str = "dflash",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int = 0, stop_ids: Sequence[int] = (),
              settings: DecodeSettings | None = None, max_len: int | None = None, pad_multiple: int = 1,
              reject_drafts: bool = False, acceptance: str = "rejection", devices: int = 1, min_rows: int = 0,
@@ -393,5 +393,5 @@ def generate(models: SpecModels, prompts: Sequence[Sequence[int]], *, decoder: s
 def generate_greedy(target: Qwen3, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                     stop_ids: Sequence[int] = (), max_len: int | None = None) -> Generation:
     """Target-only greedy decoding (the baseline), through the same loop."""
-    return generate(SpecModels(target), prompts, decoder="target", max_new_tokens=max_new_tokens,
+    return generate(DecodingModels(target), prompts, decoder="target", max_new_tokens=max_new_tokens,
                     stop_ids=stop_ids, max_len=max_len)

@@ -13,16 +13,16 @@ from flax import nnx
 from xpress_jax.decoding.refine import refine_block
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.decoding.padding import PROMPT_BUCKET, round_up
-from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.decoding.speculative import DecodingModels
 from xpress_jax.models.drafter import block_inputs
 
 
-def drafter_blocks(spec: SpecModels):
+def drafter_blocks(models: DecodingModels):
     """A jitted (ids [1, T], anchors [1, A]) -> (s [A, n, vocab], h [A, n, hidden], last [A]): the
     drafter's real blocks at the given anchors of a known sequence, in one pass (training mode).
     The weights are arguments of the compiled function, not constants baked into it."""
-    graphdef, state = nnx.split(spec)
-    block, feat = spec.drafter.cfg.block_size, tuple(spec.drafter.cfg.target_layer_ids)
+    graphdef, state = nnx.split(models)
+    block, feat = models.drafter.cfg.block_size, tuple(models.drafter.cfg.target_layer_ids)
 
     @jax.jit
     def blocks(state, ids, anchors):
@@ -51,14 +51,14 @@ def anchored_sequences(sequences: list[tuple[list[int], list[int]]], max_blocks:
         yield jnp.asarray(ids_p), jnp.asarray(anchors), len(starts)
 
 
-def candidate_mode_agreement(spec: SpecModels, sequences: list[tuple[list[int], list[int]]],
+def candidate_mode_agreement(models: DecodingModels, sequences: list[tuple[list[int], list[int]]],
                              settings: DecodeSettings, *, top_k: int, max_blocks: int = 64) -> dict:
     """How often candidate mode (top-k) drafts what the exact refiner drafts, on the drafter's real
     blocks: for each (prompt, target output) the drafter proposes a block at every position of the
     output (the training-mode anchored pass), and both refiners solve it with the same iteration count."""
-    blocks_of = drafter_blocks(spec)
-    graphdef, state = nnx.split(spec)
-    n = spec.drafter.cfg.block_size - 1
+    blocks_of = drafter_blocks(models)
+    graphdef, state = nnx.split(models)
+    n = models.drafter.cfg.block_size - 1
 
     @jax.jit
     def agreement(state, s, h, last):

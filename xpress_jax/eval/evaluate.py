@@ -26,7 +26,7 @@ from xpress_jax.report.published import target_name as published_target_name
 from xpress_jax.decoding.profile import component_times
 from xpress_jax.decoding.devices import place_on_tensor_mesh, tensor_mesh
 from xpress_jax.decoding.padding import PROMPT_BUCKET, round_up, shared_length
-from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.decoding.speculative import DecodingModels, generate
 from xpress_jax.errors import InputError
 from xpress_jax.eval.candidates import candidate_mode_agreement
 from xpress_jax.eval.metrics import compare_to_reference, summarise
@@ -55,12 +55,13 @@ def with_branches(methods: list[Method], branches) -> list[Method]:
     if not branches or min(branches) < 1:
         raise InputError(f"dloop_branches must be positive integers, got {branches}")
     out = []
-    for m in methods:
-        if not DECODERS[m.decoder].loop:
-            out.append(m)
+    for method in methods:
+        if not DECODERS[method.decoder].loop:
+            out.append(method)
             continue
-        out += [dataclasses.replace(m, label=m.label if k == 1 else f"{m.label}.b{k}", branches=k) for k in branches]
-    labels = [m.label for m in out]
+        out += [dataclasses.replace(method, label=method.label if k == 1 else f"{method.label}.b{k}", branches=k)
+                for k in branches]
+    labels = [method.label for method in out]
     if len(set(labels)) != len(labels):
         raise InputError(f"method labels repeat once D-Loop branches are added: {labels}")
     return out
@@ -94,7 +95,7 @@ def parse_methods(checkpoints: list[str] | None, decoders, checkpoint: str, bran
                              f"{', '.join(spec_decoders())} (optionally with .variant)")
         check_drafter_dir(path, f"--checkpoints {label}")
         methods.append(Method(label, decoder, path))
-    labels = [m.label for m in methods]
+    labels = [method.label for method in methods]
     if len(set(labels)) != len(labels):
         raise InputError(f"--checkpoints repeats a label: {labels}")
     return with_branches(methods, branches)
@@ -150,26 +151,26 @@ class Decoded:
 EMPTY = Decoded([], {}, np.zeros(0), np.zeros(0))
 
 
-def run_decoder(models, prompts, decoder: str, s: EvalSettings, stop_ids, pad: int, desc: str,
+def run_decoder(models, prompts, decoder: str, settings: EvalSettings, stop_ids, pad: int, desc: str,
                 branches: int = 1, reject_drafts: bool = False, prefill_s: float | None = None,
                 progress: bool = True) -> Decoded:
-    """Decodes every prompt (in batches of s.batch_size), each call timed (compile excluded). The
+    """Decodes every prompt (in batches of settings.batch_size), each call timed (compile excluded). The
     seconds of the same compiled call with a one-token budget (the prefill and its first token, no
     verification step) are taken off each call for the harness's decode time; measured here unless
     given."""
-    settings = s.decode(branches).for_decoder(decoder)
-    kw = dict(decoder=decoder, max_new_tokens=s.max_new_tokens, temperature=s.temperature, seed=s.seed,
-              settings=settings, pad_multiple=pad, stop_ids=stop_ids, reject_drafts=reject_drafts,
-              acceptance=s.acceptance)
-    generate(models, prompts[:s.batch_size], warm_up=True, **kw)  # compile outside the timing
+    kw = dict(decoder=decoder, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+              seed=settings.seed, settings=settings.decode(branches).for_decoder(decoder), pad_multiple=pad,
+              stop_ids=stop_ids, reject_drafts=reject_drafts, acceptance=settings.acceptance)
+    generate(models, prompts[:settings.batch_size], warm_up=True, **kw)  # compile outside the timing
     if prefill_s is None:  # the compiled call once more, timed
         t0 = time.perf_counter()
-        generate(models, prompts[:s.batch_size], warm_up=True, **kw)  # returns host arrays: it has finished
+        generate(models, prompts[:settings.batch_size], warm_up=True, **kw)  # returns host arrays: it has finished
         prefill_s = time.perf_counter() - t0
     tokens, rows, decode_s, share_s = [], [], [], []
-    for i in tqdm(range(0, len(prompts), s.batch_size), desc=desc, leave=False, file=sys.stderr, disable=not progress):
+    for i in tqdm(range(0, len(prompts), settings.batch_size), desc=desc, leave=False, file=sys.stderr,
+                  disable=not progress):
         t0 = time.perf_counter()
-        out = generate(models, prompts[i:i + s.batch_size], **kw)
+        out = generate(models, prompts[i:i + settings.batch_size], **kw)
         seconds = time.perf_counter() - t0
         tokens += out.tokens
         rows.append(out.stats)
@@ -190,14 +191,14 @@ def build_methods(config, methods: list[Method], drafter_dtype: str, tensor_para
     target = build_target(config, mesh=mesh)  # shard by shard: the split targets are those no device holds whole
     dtypes = {"dtype": dtype(drafter_dtype), "param_dtype": dtype(drafter_dtype)}
     drafters = {ckpt: build_drafter(config, target, ckpt, dtypes)
-                for ckpt in dict.fromkeys(m.checkpoint for m in methods)}
+                for ckpt in dict.fromkeys(method.checkpoint for method in methods)}
     models = {}
-    for m in methods:
-        drafter = drafters[m.checkpoint]
-        models[m.label] = SpecModels(target, drafter, build_head(m.decoder, config, drafter.cfg, m.checkpoint, dtypes,
-                                                                    overridden))
+    for method in methods:
+        drafter = drafters[method.checkpoint]
+        head = build_head(method.decoder, config, drafter.cfg, method.checkpoint, dtypes, overridden)
+        models[method.label] = DecodingModels(target, drafter, head)
         if mesh is not None:
-            place_on_tensor_mesh(models[m.label], mesh)
+            place_on_tensor_mesh(models[method.label], mesh)
     return target, models
 
 
@@ -248,56 +249,58 @@ def tau_of(stats) -> float:
     return float(stats["committed"].sum() / stats["steps"].sum())
 
 
-def check_lossless_cheaply(m: Method, spec: SpecModels, prompts, mine: Decoded, base: Decoded, s: EvalSettings,
-                           stop_ids, pad: int, ds: str) -> dict:
+def check_lossless_cheaply(method: Method, models: DecodingModels, prompts, mine: Decoded, base: Decoded,
+                           settings: EvalSettings, stop_ids, pad: int, ds: str) -> dict:
     """The method's outputs against target-only decoding's (which the eval runs anyway for speedup);
     only the responses that differ are decoded again with the exact reference where that is the
     method's own verify pass (every draft refused): a response is lossless when it equals either."""
-    one_token = lossless_check(spec.target, prompts, mine.tokens, base.tokens)
-    if s.lossless_reference != "verify_pass":
+    one_token = lossless_check(models.target, prompts, mine.tokens, base.tokens)
+    if settings.lossless_reference != "verify_pass":
         return {**one_token, "reference_reruns": 0}
     differ = [d["prompt"] for d in one_token["first_divergences"]]
     reference = list(base.tokens)
     if differ:
-        rerun = run_decoder(spec, [prompts[i] for i in differ], m.decoder, s, stop_ids, pad,
-                            f"{ds}/{m.label} reference", m.branches, reject_drafts=True, prefill_s=0.0)
+        rerun = run_decoder(models, [prompts[i] for i in differ], method.decoder, settings, stop_ids, pad,
+                            f"{ds}/{method.label} reference", method.branches, reject_drafts=True, prefill_s=0.0)
         for i, tokens in zip(differ, rerun.tokens):
             reference[i] = tokens
-    result = lossless_check(spec.target, prompts, mine.tokens, reference)
+    result = lossless_check(models.target, prompts, mine.tokens, reference)
     return {**result, "reference_reruns": len(differ),
             "against_target_only": {k: one_token[k] for k in ("mismatches", "mismatch_rate", "first_divergences")}}
 
 
-def measure(m: Method, spec: SpecModels, prompts, mine: Decoded, base: Decoded, s: EvalSettings, stop_ids,
-            pad: int, ds: str, check_lossless: bool) -> tuple[dict, dict | None]:
+def measure(method: Method, models: DecodingModels, prompts, mine: Decoded, base: Decoded, settings: EvalSettings,
+            stop_ids, pad: int, ds: str, check_lossless: bool) -> tuple[dict, dict | None]:
     """One method's row on one dataset from its decoded responses (with its time split, losslessness
     and candidate mode where asked), and its tau at each count of the iteration sweep (decoders that
     iterate a Jacobi head without D-Loop's branches; None otherwise)."""
-    loop = DECODERS[m.decoder].loop
-    r = summarise(mine, base, s.decode().drafted(spec.drafter.cfg.block_size), loop=loop)
-    r.update(decoder=m.decoder, checkpoint=m.checkpoint or None, lossless=None)
+    loop = DECODERS[method.decoder].loop
+    r = summarise(mine, base, settings.decode().drafted(models.drafter.cfg.block_size), loop=loop)
+    r.update(decoder=method.decoder, checkpoint=method.checkpoint or None, lossless=None)
     if loop:
-        r["branches"] = m.branches
-    if s.time_split:
-        r["time_split"] = component_times(spec, prompts[0], decoder=m.decoder, max_new_tokens=s.max_new_tokens,
-                                          pad_multiple=pad, settings=s.decode(m.branches).for_decoder(m.decoder))
-    if check_lossless and s.temperature == 0:
-        r.update(check_lossless_cheaply(m, spec, prompts, mine, base, s, stop_ids, pad, ds))
-    log.info("%s / %s: tau %.3f, %.1f tokens/s, speedup %s", ds, m.label, r["tau"], r["tokens_per_s"], r["speedup"])
-    if loop or "max_iters" not in DECODERS[m.decoder].knobs:
+        r["branches"] = method.branches
+    if settings.time_split:
+        r["time_split"] = component_times(models, prompts[0], decoder=method.decoder,
+                                          max_new_tokens=settings.max_new_tokens, pad_multiple=pad,
+                                          settings=settings.decode(method.branches).for_decoder(method.decoder))
+    if check_lossless and settings.temperature == 0:
+        r.update(check_lossless_cheaply(method, models, prompts, mine, base, settings, stop_ids, pad, ds))
+    log.info("%s / %s: tau %.3f, %.1f tokens/s, speedup %s", ds, method.label, r["tau"], r["tokens_per_s"],
+             r["speedup"])
+    if loop or "max_iters" not in DECODERS[method.decoder].knobs:
         return r, None
-    if s.candidate_k > 0 and s.temperature == 0 and s.top_k == 0:  # candidate mode against the exact refiner
-        r["candidate"] = candidate_mode_agreement(spec, list(zip(prompts, base.tokens)), s.decode(),
-                                                  top_k=s.candidate_k)
-        in_candidate_mode = dataclasses.replace(s, top_k=s.candidate_k)
-        at_k = run_decoder(spec, prompts, m.decoder, in_candidate_mode, stop_ids, pad,
-                           f"{ds}/{m.label} top-{s.candidate_k}", prefill_s=0.0)
+    if settings.candidate_k > 0 and settings.temperature == 0 and settings.top_k == 0:  # candidate mode vs exact
+        r["candidate"] = candidate_mode_agreement(models, list(zip(prompts, base.tokens)), settings.decode(),
+                                                  top_k=settings.candidate_k)
+        in_candidate_mode = dataclasses.replace(settings, top_k=settings.candidate_k)
+        at_k = run_decoder(models, prompts, method.decoder, in_candidate_mode, stop_ids, pad,
+                           f"{ds}/{method.label} top-{settings.candidate_k}", prefill_s=0.0)
         r["candidate"].update(tau=tau_of(at_k.stats), tau_exact=r["tau"])
     sweep = {}
-    for iterations in s.iteration_sweep:
-        at = dataclasses.replace(s, max_iters=int(iterations))
-        swept = run_decoder(spec, prompts, m.decoder, at, stop_ids, pad, f"{ds}/{m.label} {iterations} it.",
-                            prefill_s=0.0)
+    for iterations in settings.iteration_sweep:
+        at = dataclasses.replace(settings, max_iters=int(iterations))
+        swept = run_decoder(models, prompts, method.decoder, at, stop_ids, pad,
+                            f"{ds}/{method.label} {iterations} it.", prefill_s=0.0)
         sweep[str(iterations)] = tau_of(swept.stats)
     return r, sweep or None
 
@@ -319,9 +322,9 @@ def conversation(question: Question, answers: list[str], turn: int) -> list[dict
     return messages
 
 
-def decode_dataset(ds: str, questions: list[Question], decoders: dict, s: EvalSettings, tok, stops, pad0: int,
+def decode_dataset(ds: str, questions: list[Question], decoders: dict, settings: EvalSettings, tok, stops, pad0: int,
                    progress: bool = True):
-    """Every response of one dataset for each decoder (label -> (SpecModels, Method or None for
+    """Every response of one dataset for each decoder (label -> (DecodingModels, Method or None for
     target-only)): turn by turn, a later turn asked after the decoder's own earlier answers (MT-Bench's
     second turn, as the DFlash harness asks it). Returns ({label: (prompts, Decoded)}, responses:
     [{"source", "turn"}]) in question order, each question's turns in order."""
@@ -334,11 +337,11 @@ def decode_dataset(ds: str, questions: list[Question], decoders: dict, s: EvalSe
         ids = {label: [prompt_ids(tok, conversation(questions[i], answers[label][i], turn), earlier_think_blocks=False)
                        for i in asked] for label in decoders}
         # a later turn reuses the first turns' programs when its prompts fit them
-        pad = max(pad0, shared_length([len(p) for p in sum(ids.values(), [])], s.prefill_chunk))
-        for label, (spec, m) in decoders.items():
+        pad = max(pad0, shared_length([len(p) for p in sum(ids.values(), [])], settings.prefill_chunk))
+        for label, (models, method) in decoders.items():
             desc = f"{ds}/{label}" + (f" turn {turn + 1}" if turn else "")
-            out = run_decoder(spec, ids[label], m.decoder if m else "target", s, stops, pad, desc,
-                              m.branches if m else 1, progress=progress)
+            out = run_decoder(models, ids[label], method.decoder if method else "target", settings, stops, pad,
+                              desc, method.branches if method else 1, progress=progress)
             for i, tokens in zip(asked, out.tokens):
                 answers[label][i].append(tok.decode(tokens, skip_special_tokens=True))
             prompts[label] += ids[label]
@@ -350,12 +353,12 @@ def decode_dataset(ds: str, questions: list[Question], decoders: dict, s: EvalSe
     return {label: ([prompts[label][k] for k in order], decoded[label].take(order)) for label in decoders}, responses
 
 
-def decode_on_workers(ds: str, questions: list[Question], local: list[dict], s: EvalSettings, tok, stops,
+def decode_on_workers(ds: str, questions: list[Question], local: list[dict], settings: EvalSettings, tok, stops,
                       pad0: int):
     """decode_dataset with the questions split over every worker (`eval/workers.py`), merged back
     into question order; each response records the worker that decoded it."""
     def work(decoders, indices, worker):
-        decoded, responses = decode_dataset(ds, [questions[i] for i in indices], decoders, s, tok, stops, pad0,
+        decoded, responses = decode_dataset(ds, [questions[i] for i in indices], decoders, settings, tok, stops, pad0,
                                             progress=worker == 0)
         for r in responses:
             r.update(question=indices[r["question"]], device=worker)
@@ -390,7 +393,7 @@ def answer_records(ds: str, decoded: dict, responses: list[dict], tok) -> list[d
     return records
 
 
-def protocol(s: EvalSettings, sets: dict, workers: int) -> dict:
+def protocol(settings: EvalSettings, sets: dict, workers: int) -> dict:
     """Every choice that decides what the figures mean, as results.json records it."""
     return {"harness": f"z-lab/dflash benchmark at {HARNESS_COMMIT} (docs/evaluation.md)",
             "workers": f"{workers} (the questions split over devices and processes, each response decoded alone "
@@ -399,83 +402,87 @@ def protocol(s: EvalSettings, sets: dict, workers: int) -> dict:
             "chat_template": "Qwen3, thinking off: the assistant header with an empty think block; earlier "
                              "assistant turns as plain text",
             "later_turns": "asked after the decoder's own answers to the earlier turns, each turn one response",
-            "batch_size": s.batch_size, "max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
-            "acceptance": ("greedy" if s.temperature == 0 else
+            "batch_size": settings.batch_size, "max_new_tokens": settings.max_new_tokens,
+            "temperature": settings.temperature,
+            "acceptance": ("greedy" if settings.temperature == 0 else
                            {"rejection": "sampled drafts, rejection sampling (Leviathan et al.)",
                             "match": "argmax drafts accepted while they equal the target's sampled tokens "
-                                     "(the DFlash harness)"}[s.acceptance]),
+                                     "(the DFlash harness)"}[settings.acceptance]),
             "tau": "tau_per_prompt_mean: mean over responses of each one's tokens per target pass (bonus "
                    "included; the harness's); tau: pooled over all steps",
             "speedup": "speedup_harness: target-only's mean decode seconds per output token over the method's, "
                        "prefill excluded (the harness's); speedup: pooled tokens/s with prefill"}
 
 
-def evaluate(config, methods: list[Method], s: EvalSettings, *, check_lossless: bool = False,
+def evaluate(config, methods: list[Method], settings: EvalSettings, *, check_lossless: bool = False,
              overridden: frozenset[str] = frozenset()) -> tuple[dict, int]:
     """Runs target-only decoding once per dataset and every method against it; writes results.json,
-    results.md and the plots to s.out_dir. Returns (report, number of outputs that differ from
+    results.md and the plots to settings.out_dir. Returns (report, number of outputs that differ from
     target-only decoding at temperature 0 when check_lossless). `overridden`: the config keys the
     command line set (`build_methods`). In a multi-process run every process returns the whole report
     (the measurements after decoding, such as the iteration sweep, run on each) and process 0 writes it."""
     # the questions and the tokenizer first: bad data is refused before any weight is read
-    labels = [dataset_label(entry) for entry in s.datasets]  # NAME=PATH is reported as NAME
+    labels = [dataset_label(entry) for entry in settings.datasets]  # NAME=PATH is reported as NAME
     if len(set(labels)) != len(labels):
-        raise InputError(f"eval.datasets {list(s.datasets)}: two entries are both called "
+        raise InputError(f"eval.datasets {list(settings.datasets)}: two entries are both called "
                          f"{next(x for x in labels if labels.count(x) > 1)!r}")
-    sets = {ds: load_dataset_entry(entry, s.num_prompts) for ds, entry in zip(labels, s.datasets)}
+    sets = {ds: load_dataset_entry(entry, settings.num_prompts) for ds, entry in zip(labels, settings.datasets)}
     tok = prompt_tokenizer(config)
     stops = stop_ids(tok)
     questions, skipped_long, first_lengths = {}, {}, []
     for ds, qs in sets.items():
         lengths = [len(prompt_ids(tok, conversation(q, [], 0), earlier_think_blocks=False)) for q in qs.questions]
-        questions[ds] = [q for q, n in zip(qs.questions, lengths) if n <= s.max_prompt_tokens]
+        questions[ds] = [q for q, n in zip(qs.questions, lengths) if n <= settings.max_prompt_tokens]
         skipped_long[ds] = len(lengths) - len(questions[ds])
         if not questions[ds]:
-            raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={s.max_prompt_tokens}")
-        first_lengths += [n for n in lengths if n <= s.max_prompt_tokens]
-    groups = device_groups(s.devices, s.tensor_parallel)  # a bad count is refused before any weight is read
-    target, models = build_methods(config, methods, s.drafter_dtype, s.tensor_parallel, overridden, groups[0])
-    s = dataclasses.replace(s, lossless_reference=lossless_reference(s.lossless_reference, target.dtype))
-    os.makedirs(s.out_dir, exist_ok=True)
+            raise InputError(f"{ds}: every prompt is longer than eval.max_prompt_tokens={settings.max_prompt_tokens}")
+        first_lengths += [n for n in lengths if n <= settings.max_prompt_tokens]
+    groups = device_groups(settings.devices, settings.tensor_parallel)  # a bad count is refused before any weight is read
+    target, models = build_methods(config, methods, settings.drafter_dtype, settings.tensor_parallel, overridden,
+                                   groups[0])
+    reference = lossless_reference(settings.lossless_reference, target.dtype)
+    settings = dataclasses.replace(settings, lossless_reference=reference)
+    os.makedirs(settings.out_dir, exist_ok=True)
     # one padded length for every dataset's first turns, the longest one's bucket: one program per decoder setting
-    pad = shared_length(first_lengths, s.prefill_chunk)
+    pad = shared_length(first_lengths, settings.prefill_chunk)
     results, sweep, examples, responses = {}, {}, {}, {}
-    decoders = {"target": (SpecModels(target), None), **{m.label: (models[m.label], m) for m in methods}}
+    decoders = {"target": (DecodingModels(target), None),
+                **{method.label: (models[method.label], method) for method in methods}}
     local = replicas(decoders, groups, target.cfg)  # the first group holds `decoders` themselves
     answers = []
     for ds in labels:
-        decoded, responses[ds] = decode_on_workers(ds, questions[ds], local, s, tok, stops, pad)
+        decoded, responses[ds] = decode_on_workers(ds, questions[ds], local, settings, tok, stops, pad)
         answers += answer_records(ds, decoded, responses[ds], tok)
         _, base = decoded["target"]
         results[ds] = {"target": {**summarise(base, base, None), "accept_per_position": []}}
-        for m in methods:
-            prompts, mine = decoded[m.label]
+        for method in methods:
+            prompts, mine = decoded[method.label]
             # the first turns' programs serve every later call; a longer later turn takes its own bucket
-            method_pad = max(pad, shared_length([len(p) for p in prompts], s.prefill_chunk))
-            results[ds][m.label], by_iterations = measure(m, models[m.label], prompts, mine, base, s, stops,
-                                                          method_pad, ds, check_lossless)
+            method_pad = max(pad, shared_length([len(p) for p in prompts], settings.prefill_chunk))
+            results[ds][method.label], by_iterations = measure(method, models[method.label], prompts, mine, base,
+                                                               settings, stops, method_pad, ds, check_lossless)
             if by_iterations:
-                sweep.setdefault(ds, {})[m.label] = by_iterations
+                sweep.setdefault(ds, {})[method.label] = by_iterations
         compare_to_reference(results[ds])
         examples[ds] = example(tok, questions[ds][0], base.tokens[0], results[ds])
-    one_checkpoint = len({m.checkpoint for m in methods}) == 1
-    report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "settings": s.as_dict(),
-              "protocol": protocol(s, {ds: {**sets[ds].protocol, "skipped_long_prompts": skipped_long[ds],
+    one_checkpoint = len({method.checkpoint for method in methods}) == 1
+    report = {"date": time.strftime("%Y-%m-%d"), "device": jax.devices()[0].device_kind, "settings": settings.as_dict(),
+              "protocol": protocol(settings, {ds: {**sets[ds].protocol, "skipped_long_prompts": skipped_long[ds],
                                             "responses": len(responses[ds])} for ds in labels},
                                    workers=len(groups) * jax.process_count()),
               # the published model this target's shape is, whose papers' figures results.md sets beside
               "published_target": published_target_name(target.cfg),
               # what the speedups were measured with
               "dtypes": {"target": config.target_param_dtype, "target_compute": config.dtype,
-                         "drafter_and_heads": s.drafter_dtype},
-              "methods": {m.label: {"decoder": m.decoder, "checkpoint": m.checkpoint or None,
-                                    **({"branches": m.branches} if DECODERS[m.decoder].loop else {})}
-                          for m in methods},
+                         "drafter_and_heads": settings.drafter_dtype},
+              "methods": {method.label: {"decoder": method.decoder, "checkpoint": method.checkpoint or None,
+                                    **({"branches": method.branches} if DECODERS[method.decoder].loop else {})}
+                          for method in methods},
               **describe_checkpoint(methods[0].checkpoint if one_checkpoint else ""),
               "skipped_long_prompts": skipped_long, "padded_prompt_length": pad, "results": results,
               "responses": responses, "iteration_sweep": sweep, "examples": examples}
     if jax.process_index() == 0:  # every process holds the same report; one writes it
-        write_outputs(report, s.out_dir)
-        atomic.write_text(os.path.join(s.out_dir, "answers.jsonl"), "".join(json.dumps(a) + "\n" for a in answers))
+        write_outputs(report, settings.out_dir)
+        atomic.write_text(os.path.join(settings.out_dir, "answers.jsonl"), "".join(json.dumps(a) + "\n" for a in answers))
     failures = sum(r.get("mismatches", 0) for rows in results.values() for r in rows.values())
     return report, failures

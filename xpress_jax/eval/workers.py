@@ -38,7 +38,7 @@ def device_groups(devices: int, tensor_parallel: int) -> list[list]:
 
 
 def replicas(decoders: dict, groups: list[list], target_cfg) -> list[dict]:
-    """The decoders' models (label -> (SpecModels, Method)) on each group: the first group's are the
+    """The decoders' models (label -> (DecodingModels, Method)) on each group: the first group's are the
     ones given (already placed there), the others copies placed on their own devices."""
     labels = list(decoders)
     out = [decoders]

@@ -22,7 +22,7 @@ from xpress_jax.decoding.continuous import rows_that_fit, serve_greedy
 from xpress_jax.decoding.devices import batch_mesh, place_on_tensor_mesh, replicate, tensor_mesh
 from xpress_jax.errors import InputError
 from xpress_jax.decoding.padding import PROMPT_BUCKET
-from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.decoding.speculative import DecodingModels, generate
 from xpress_jax.models.build import build_target, target_config
 
 
@@ -64,7 +64,7 @@ def regenerate_batch(model, tokenizer, records: list[dict], stops, max_new: int,
             replies = serve_greedy(model, prompts, rows=rows, max_new_tokens=max_new, stop_ids=stops,
                                    devices=devices).tokens
         else:
-            replies = generate(SpecModels(model), prompts, decoder="target", max_new_tokens=max_new,
+            replies = generate(DecodingModels(model), prompts, decoder="target", max_new_tokens=max_new,
                                stop_ids=stops, pad_multiple=PROMPT_BUCKET, devices=devices, min_rows=rows).tokens
         for i, reply in zip(owners, replies):
             outs[i].append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)})
@@ -98,7 +98,7 @@ def regenerate(config, input_path: str, output_dir: str, *, batch_size: int, max
     if mesh is not None:  # the weights go to every device once, not with every batch
         nnx.update(model, replicate(nnx.state(model), mesh))
     if split is not None:
-        place_on_tensor_mesh(SpecModels(model), split)
+        place_on_tensor_mesh(DecodingModels(model), split)
     tokenizer = tokenizer_for(config.data.tokenizer_dir or config.target.hf_dir, target_config(config).vocab_size)
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     if batch_size == 0:

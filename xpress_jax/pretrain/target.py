@@ -121,11 +121,11 @@ def greedy_report(model: Qwen3, tokenizer, records, *, max_new_tokens: int, n: i
     """Greedy answers to validation questions: distinct n-gram ratios and a few examples."""
     from xpress_jax.data.chat import normalise_messages, prompt_ids
     from xpress_jax.decoding.padding import PROMPT_BUCKET
-    from xpress_jax.decoding.speculative import SpecModels, generate
+    from xpress_jax.decoding.speculative import DecodingModels, generate
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     questions = [normalise_messages(r)[0]["content"] for r in records]
     prompts = [prompt_ids(tokenizer, [{"role": "user", "content": q}]) for q in questions]
-    out = generate(SpecModels(model), prompts, decoder="target", max_new_tokens=max_new_tokens, stop_ids=stops,
+    out = generate(DecodingModels(model), prompts, decoder="target", max_new_tokens=max_new_tokens, stop_ids=stops,
                    pad_multiple=PROMPT_BUCKET)
     answers = [[t for t in toks if t not in stops] for toks in out.tokens]
     ratios = {f"distinct_{k}": round(float(np.mean([distinct_ngram_ratio(a, k) for a in answers])), 4)

@@ -10,7 +10,7 @@ import numpy as np
 
 from xpress_jax.data.chat import prompt_ids
 from xpress_jax.decoding.padding import shared_length
-from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.decoding.speculative import DecodingModels
 from xpress_jax.eval.evaluate import build_methods, parse_methods, prompt_tokenizer, run_decoder, stop_ids
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.models.build import build_target
@@ -48,7 +48,7 @@ def answer_prompts(config, texts: list[str], *, checkpoint: str, decoder: str, t
     prompts = [prompt_ids(tok, [{"role": "user", "content": t}], earlier_think_blocks=False) for t in texts]
     branches = 1
     if decoder == TARGET_ONLY:
-        models = SpecModels(build_target(config))
+        models = DecodingModels(build_target(config))
     else:
         method = parse_methods(None, [decoder], checkpoint, s.dloop_branches[:1])[0]
         _, built = build_methods(config, [method], s.drafter_dtype)

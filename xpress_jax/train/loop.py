@@ -154,10 +154,12 @@ def run_loop(step_fn: Callable, state, batches: Iterator[dict], *, section, tota
             bar.update(1)
             if several and multihost_utils.reached_preemption_sync_point(step):  # the same step everywhere
                 stop["signal"] = signal.SIGTERM
-            saving = stop["signal"] is not None or step == total_steps or ckpt.manager.should_save(step)
-            if saving and bool(pending):  # only here does the loop wait for the current step
-                ckpt.save(step, state, batches.get_state(), force=stop["signal"] is not None)
-            if stop["signal"] is not None:
+            stopping = stop["signal"] is not None
+            # only here does the loop wait for the current step. A stop saves even after a non-finite
+            # step: that step changed nothing, so the state is the last finite one
+            if stopping or ((step == total_steps or ckpt.manager.should_save(step)) and bool(pending)):
+                ckpt.save(step, state, batches.get_state(), force=stopping)
+            if stopping:
                 log.warning("SIGTERM at step %d: saving and exiting", step)
                 break
         if pending is not None:

@@ -54,7 +54,7 @@ def _pad_anchors(anchors, valid, multiple):
     return jnp.pad(anchors, ((0, 0), (0, extra))), jnp.pad(valid, ((0, 0), (0, extra)))
 
 
-def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
+def compute_loss(model, target, ids, loss_mask, key, settings: LossSettings):
     """Returns (total loss, metrics). ids, loss_mask: [batch, T]."""
     drafter = model.drafter
     cfg = drafter.cfg
@@ -67,30 +67,31 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
     ctx_kv = drafter.training_context(taps)
 
     k_anchor, k_prefix = jax.random.split(key)
-    anchors, valid = sample_anchors(k_anchor, loss_mask, s.num_anchors)
-    chunk = min(s.anchor_chunk, anchors.shape[1])
+    anchors, valid = sample_anchors(k_anchor, loss_mask, settings.num_anchors)
+    chunk = min(settings.anchor_chunk, anchors.shape[1])
     anchors, valid = _pad_anchors(anchors, valid, chunk)
     n_chunks = anchors.shape[1] // chunk
     blocks = make_blocks(ids, loss_mask, anchors, valid, block)
-    dloop = s.dloop > 0
+    dloop = settings.dloop > 0
     if dloop:  # D-Loop: prefix length per block; short prefixes fall back to the previous anchor (eq. 13)
-        prefix_len = losses.sample_prefix_lengths(k_prefix, anchors.shape, n, s.dloop_beta)
+        prefix_len = losses.sample_prefix_lengths(k_prefix, anchors.shape, n, settings.dloop_beta)
         prev = previous_anchor(anchors, valid)
         p_anchors = jnp.where(prefix_len >= 2, anchors, jnp.take_along_axis(anchors, prev, axis=1))
         p_valid = valid & jnp.where(prefix_len >= 2, True, jnp.take_along_axis(valid, prev, axis=1))
         p_blocks = make_blocks(ids, loss_mask, p_anchors, p_valid, block)
     else:
         prefix_len, p_blocks = jnp.zeros_like(anchors), blocks
-    w = losses.position_weights(n, s.gamma)  # [n]
+    w = losses.position_weights(n, settings.gamma)  # [n]
     heads = model.head_names()
-    need_target_probs = s.tv > 0 and bool(heads)
+    need_target_probs = settings.tv > 0 and bool(heads)
 
     def run_view(b: Blocks, reveal=None):
         tokens = block_inputs(b.anchor_tokens, block, cfg.mask_token_id)  # [batch, C, B]
         if reveal is not None:  # suffix view: the ground-truth prefix of length l is visible
             k = jnp.arange(1, block)[None, None, :]
             tokens = tokens.at[:, :, 1:].set(jnp.where(k <= reveal[:, :, None], b.labels, cfg.mask_token_id))
-        h = drafter.anchored_blocks(ctx_kv, target.embed(tokens), b.anchors, b.valid, s.layer_remat)[:, :, 1:]  # [b, C, n, H]
+        h = drafter.anchored_blocks(ctx_kv, target.embed(tokens), b.anchors, b.valid,
+                                    settings.layer_remat)[:, :, 1:]  # [b, C, n, H]
         c = h.shape[1]
         s_logits = target.logits(h.reshape(batch, c * n, -1)).reshape(batch, c, n, -1)  # [b, C, n, vocab]
         return h, constrain(s_logits, LOGITS_AXES)
@@ -103,7 +104,7 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
         weights = w * b.label_mask
         correct = jnp.argmax(s_logits, -1) == pb.labels
         if dloop:
-            w_s, w_p = losses.dloop_weights(ell, b.label_mask, pb.label_mask, s.gamma, s.dloop_tau_s)
+            w_s, w_p = losses.dloop_weights(ell, b.label_mask, pb.label_mask, settings.gamma, settings.dloop_tau_s)
             num_p, den_p = losses.weighted(losses.cross_entropy(s_logits, pb.labels), w_p)
             _, s_suffix = run_view(b, reveal=ell)
             num_s, den_s = losses.weighted(losses.cross_entropy(s_suffix, b.labels), w_s)
@@ -125,12 +126,12 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
             head_batch = losses.HeadBatch(
                 s=flat(s_logits), h=flat(h), labels=labels_f, target_probs=None if p_t is None else flat(p_t),
                 prev=jnp.concatenate([flat(b.anchor_tokens[..., None]), labels_f[:, :-1]], axis=1),  # x_{k-1}
-                weights=flat(weights), label_mask=flat(b.label_mask), embed=target.embed, tv=s.tv)
+                weights=flat(weights), label_mask=flat(b.label_mask), embed=target.embed, tv=settings.tv)
             for name in heads:
                 sums.update(HEADS[name].loss_terms(getattr(model, name), head_batch))
         return sums
 
-    body = jax.checkpoint(chunk_loss) if s.remat else chunk_loss
+    body = jax.checkpoint(chunk_loss) if settings.remat else chunk_loss
     xs = (jax.tree.map(lambda x: _chunk(x, n_chunks), blocks), jax.tree.map(lambda x: _chunk(x, n_chunks), p_blocks),
           _chunk(prefix_len, n_chunks))
     probe = jax.eval_shape(body, jax.tree.map(lambda x: x[0], xs))
@@ -140,8 +141,8 @@ def compute_loss(model, target, ids, loss_mask, key, s: LossSettings):
     # losses normalise as D-Loop's eq. 8 (+ eps); metrics by their plain counts
     terms = {k: num / (den + EPS) if not k.startswith("sim_tau") else num / jnp.maximum(den, 1.0)
              for k, (num, den) in totals.items() if k != "acc_pos"}
-    weights = {"dflash_ce": s.dflash_ce, "dloop": s.dloop, **dict(s.head_weights)}
-    if any(HEADS[name].trains_drafter_logits for name in heads) and not s.dflash_ce_with_heads:
+    weights = {"dflash_ce": settings.dflash_ce, "dloop": settings.dloop, **dict(settings.head_weights)}
+    if any(HEADS[name].trains_drafter_logits for name in heads) and not settings.dflash_ce_with_heads:
         weights["dflash_ce"] = 0.0  # logged, not added: that head's drafter-anchor term already trains p^b
     total = sum(weights[k] * v for k, v in terms.items() if k in weights)
     metrics = {f"loss/{k}": v for k, v in terms.items() if k in weights}

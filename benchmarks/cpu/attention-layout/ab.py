@@ -116,7 +116,7 @@ def main():
             continue
         decoder, batch = case.split("@")
         prompts = [[int(x) for x in rng.integers(10, 2000, args.context)] for _ in range(int(batch))]
-        models = speculative.SpecModels(target, drafter if decoder != "target" else None)
+        models = speculative.DecodingModels(target, drafter if decoder != "target" else None)
         before, after, same = decode_case(models, prompts, decoder, rounds=args.rounds)
         rows.append({"case": f"decode {decoder}, batch {batch}, {args.context} context", "unit": "ms/step",
                      "before": before, "after": after, "before_over_after": before / after, "same_output": same})

@@ -27,15 +27,15 @@ from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.decoding.settings import DecodeSettings
 from xpress_jax.timing import fastest_seconds as fastest
-from xpress_jax.decoding.speculative import DecodeOptions, SpecModels, _decode, generate
+from xpress_jax.decoding.speculative import DecodeOptions, DecodingModels, _decode, generate
 
 run, slots, cases = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], sys.argv[3].split(",")
 target = load_qwen3(f"{run}/target")
-dflash_models = SpecModels(target, load_drafter(f"{run}/dflash/export"))
+dflash_models = DecodingModels(target, load_drafter(f"{run}/dflash/export"))
 CASES = {"target": (dflash_models, "target", DecodeSettings()),
          "dflash_v4": (dflash_models, "dflash", DecodeSettings(verify_tokens=4)),
-         "dloop": (SpecModels(target, load_drafter(f"{run}/dloop/export")), "dloop", DecodeSettings()),
-         "dloop_k4": (SpecModels(target, load_drafter(f"{run}/dloop/export")), "dloop", DecodeSettings(branches=4))}
+         "dloop": (DecodingModels(target, load_drafter(f"{run}/dloop/export")), "dloop", DecodeSettings()),
+         "dloop_k4": (DecodingModels(target, load_drafter(f"{run}/dloop/export")), "dloop", DecodeSettings(branches=4))}
 prompt = np.random.default_rng(0).integers(10, 2000, 100).tolist()
 
 def loop_copies(models, opts):

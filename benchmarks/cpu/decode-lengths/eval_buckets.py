@@ -16,7 +16,7 @@ import numpy as np
 
 from xpress_jax import atomic, cli
 from xpress_jax.decoding.padding import shared_length
-from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.decoding.speculative import DecodingModels
 from xpress_jax.eval.evaluate import run_decoder
 from xpress_jax.eval.settings import EvalSettings
 from xpress_jax.models.build import build_target
@@ -26,7 +26,7 @@ parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 config = cli.load_config("configs/tiny.py")
-target = SpecModels(build_target(config))
+target = DecodingModels(build_target(config))
 s = dataclasses.replace(EvalSettings.from_config(config.eval), max_new_tokens=256, batch_size=1, temperature=0.0)
 rng = np.random.default_rng(0)
 lengths = rng.integers(100, 460, 7).tolist()

@@ -27,7 +27,7 @@ import numpy as np
 from xpress_jax import atomic, cli
 from xpress_jax.bench.decode import step_seconds
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.decoding.speculative import DecodingModels, generate
 from xpress_jax.models.layers import read_every_slot
 from xpress_jax.models.build import build_target, drafter_config, new_drafter
 
@@ -50,7 +50,7 @@ answers = {}  # (prompt length, new tokens, decoder) -> the tokens of every run
 
 def measure(sweep, prompt_len, new_tokens, max_len):
     prompt = prompts.setdefault(prompt_len, [rng.integers(0, target.cfg.vocab_size, prompt_len).tolist()])
-    for decoder, models in (("target", SpecModels(target)), ("dflash", SpecModels(target, drafter))):
+    for decoder, models in (("target", DecodingModels(target)), ("dflash", DecodingModels(target, drafter))):
         row = {"sweep": sweep, "decoder": decoder, "prompt": prompt_len, "new_tokens": new_tokens,
                "cache_slots": max_len}
         for read, context in (("filled", contextlib.nullcontext), ("every slot", read_every_slot)):

@@ -18,7 +18,7 @@ from xpress_jax.bench.decode import loop_compile_seconds
 from xpress_jax.config import dtype
 from xpress_jax.decoding.padding import PROMPT_BUCKET
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.decoding.speculative import DecodingModels
 from xpress_jax.methods import DECODERS, head_of
 from xpress_jax.models.build import build_target, drafter_config, new_drafter, new_head
 
@@ -42,7 +42,7 @@ report = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "cpu_count"
 for decoder in sys.argv[1:] or ("target", "dflash", "xpress"):
     head_name = head_of(decoder)
     head = nnx.eval_shape(lambda: new_head(head_name, config, dcfg, dtypes=dtypes)) if head_name else None
-    models = SpecModels(target, drafter if DECODERS[decoder].drafter else None, head)
+    models = DecodingModels(target, drafter if DECODERS[decoder].drafter else None, head)
     report["seconds"][decoder] = loop_compile_seconds(models, decoder, DecodeSettings(), batch=1,
                                                       prompt_len=PROMPT_BUCKET, new_tokens=new_tokens)
     print(decoder, report["seconds"][decoder], flush=True)

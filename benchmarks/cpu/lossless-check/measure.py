@@ -17,7 +17,7 @@ import jax
 from xpress_jax import assets, atomic, cli
 from xpress_jax.data.questions import load_questions
 from xpress_jax.decoding.padding import shared_length
-from xpress_jax.decoding.speculative import SpecModels
+from xpress_jax.decoding.speculative import DecodingModels
 from xpress_jax.eval.evaluate import (Method, build_methods, check_lossless_cheaply, encode_prompts, lossless_check,
                                       run_decoder)
 from xpress_jax.eval.settings import EvalSettings
@@ -38,7 +38,7 @@ target, models = build_methods(config, [method], s.drafter_dtype)
 spec = models["dflash"]
 prompts, _, stops = encode_prompts(config, load_questions("gsm8k", args.prompts), s.max_prompt_tokens)
 pad = shared_length([len(p) for p in prompts])
-base = run_decoder(SpecModels(target), prompts, "target", s, stops, pad, "target")
+base = run_decoder(DecodingModels(target), prompts, "target", s, stops, pad, "target")
 mine = run_decoder(spec, prompts, "dflash", s, stops, pad, "dflash")
 
 t0 = time.perf_counter()  # the whole reference, its compile included: every response again, drafts refused

@@ -31,7 +31,7 @@ from flax import nnx
 from xpress_jax.timing import fastest_seconds
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
-from xpress_jax.decoding.speculative import SpecModels, draft_block, prefill, verify_block
+from xpress_jax.decoding.speculative import DecodingModels, draft_block, prefill, verify_block
 from xpress_jax.models.drafter import block_inputs
 
 ITERS = 200
@@ -124,7 +124,7 @@ def main():
     ap.add_argument("--out", default="", help="write the figures here as JSON")
     args = ap.parse_args()
     target = load_qwen3(f"{args.run}/target")
-    models = SpecModels(target, load_drafter(f"{args.run}/dflash/export"))
+    models = DecodingModels(target, load_drafter(f"{args.run}/dflash/export"))
     report = {"date": time.strftime("%Y-%m-%d"), "device": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "jax": jax.__version__,
               "iterations_per_loop": ITERS, "parts_us": {}, "matmul_rows_us": matmul_rows(target)}
@@ -132,7 +132,7 @@ def main():
         costs = phase_costs(models, slots)
         step = costs["target_pass_q1"]
         # the drafter with bfloat16 weights and compute (its export is stored in bfloat16)
-        bf16 = SpecModels(target, load_drafter(f"{args.run}/dflash/export", dtype=jnp.bfloat16,
+        bf16 = DecodingModels(target, load_drafter(f"{args.run}/dflash/export", dtype=jnp.bfloat16,
                                                param_dtype=jnp.bfloat16))
         costs["drafter_block_bfloat16"] = phase_costs(bf16, slots, only={"drafter_block"})["drafter_block"]
         report["parts_us"][slots] = {k: {"us": v, "x_target_step": round(v / step, 2)} for k, v in costs.items()}

@@ -23,10 +23,10 @@ from xpress_jax.timing import fastest_seconds as fastest
 from xpress_jax.checkpoints.hf_drafter import load_drafter
 from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
 from xpress_jax.decoding.settings import DecodeSettings
-from xpress_jax.decoding.speculative import SpecModels, generate
+from xpress_jax.decoding.speculative import DecodingModels, generate
 
 run = sys.argv[1]
-models = SpecModels(load_qwen3(f"{run}/target"), load_drafter(f"{run}/dflash/export"))
+models = DecodingModels(load_qwen3(f"{run}/target"), load_drafter(f"{run}/dflash/export"))
 prompt = np.random.default_rng(0).integers(10, 2000, 100).tolist()
 rows = {}
 for label, dec, s in [("target", "target", DecodeSettings()), ("dflash_v4", "dflash", DecodeSettings(verify_tokens=4))]:

@@ -97,9 +97,9 @@ def jax_side(run, prompts, max_new, stops):
     from xpress_jax.checkpoints.hf_drafter import load_drafter
     from xpress_jax.checkpoints.hf_qwen3 import load_qwen3
     from xpress_jax.decoding.settings import DecodeSettings
-    from xpress_jax.decoding.speculative import SpecModels, generate
+    from xpress_jax.decoding.speculative import DecodingModels, generate
     target = load_qwen3(f"{run}/target")
-    models = {"target": SpecModels(target), "dflash": SpecModels(target, load_drafter(f"{run}/dflash/export"))}
+    models = {"target": DecodingModels(target), "dflash": DecodingModels(target, load_drafter(f"{run}/dflash/export"))}
     block = models["dflash"].drafter.cfg.block_size
     pad = -(-max(map(len, prompts)) // 64) * 64  # every prompt padded alike: one program per decoder
     max_len = pad + max_new + block
