@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from xpress_jax.data.benchmarks import PUBLISHED, load_benchmark, records, selection
+from xpress_jax.data.benchmarks import PUBLISHED, load_benchmark, selection
+from xpress_jax.data.json_files import json_records
 from xpress_jax.data.chat import prompt_text
 from xpress_jax.data.questions import BENCHMARKS, dataset_label, load_dataset_entry, load_questions
 from xpress_jax.errors import DataError
@@ -173,7 +174,7 @@ def test_dataset_labels():
 ])
 def test_a_record_outside_the_schema_names_the_file_and_line(tmp_path, name, record, line):
     path = tmp_path / "file.jsonl"
-    good = next(records(os.path.join(FIXTURES, name, PUBLISHED[name].test_split[0])))[0]
+    good = next(json_records(os.path.join(FIXTURES, name, PUBLISHED[name].test_split[0])))[0]
     path.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
     with pytest.raises(DataError, match=rf"^{path}:{line}: not a record of .*expected fields"):
         load_benchmark(name, str(path))

@@ -193,7 +193,7 @@ def test_data_errors_name_the_file_and_line(tmp_path):
         (good.encode() + b"\n\xff\xfe bad bytes\n", r":2: not UTF-8"),
         (f"{good}\n[1, 2]\n".encode(), r":2: a record must be a JSON object, found list"),
         (f"{good}\n\"text\"\n".encode(), r":2: a record must be a JSON object, found str"),
-        (f"{good}\n\n{{broken\n".encode(), r":3: not a JSON line"),
+        (f"{good}\n\n{{broken\n".encode(), r":3: not JSON"),
         ((f"{good}\n" * 500 + json.dumps({"conversations": [{"role": "bot", "content": "x"}]}) + "\n").encode(),
          r":501: record '\?', turn 0: needs a role"),
         (f"{good}\n".encode() + json.dumps({"conversations": ["hello"]}).encode() + b"\n", r":2: .*found str"),

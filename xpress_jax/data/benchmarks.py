@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import gzip
-import json
 import os
 from typing import Callable
 
 import numpy as np
 
+from xpress_jax.data.json_files import json_records
 from xpress_jax.errors import DataError
 
 HARNESS_COMMIT = "5034c8b"  # z-lab/dflash, 2026-02-06: benchmark.py + model/utils.py + run_benchmark.sh
@@ -121,33 +120,6 @@ class QuestionSet:
     protocol: dict  # what results.json records: benchmark, files, split size, count asked, selection
 
 
-def records(path: str):
-    """(record, "path:line") of a jsonl(.gz) file, or of a JSON array file (each element's line)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    start = len(text) - len(text.lstrip())
-    if text[start:start + 1] == "[":
-        decoder, pos = json.JSONDecoder(), start + 1
-        while True:
-            while pos < len(text) and text[pos] in " \t\r\n,":
-                pos += 1
-            if pos >= len(text) or text[pos] == "]":
-                return
-            line = text.count("\n", 0, pos) + 1
-            try:
-                record, pos = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{line}: not JSON ({e.msg})") from None
-            yield record, f"{path}:{line}"
-    for i, line in enumerate(text.splitlines()):
-        if line.strip():
-            try:
-                yield json.loads(line), f"{path}:{i + 1}"
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{i + 1}: not JSON ({e.msg})") from None
-
-
 def test_split_files(name: str, path: str) -> list[str]:
     """The files of benchmark `name`'s test split under `path`: the file itself, or in a folder laid
     out as the publisher ships it, the split's files by name. A folder without them is refused
@@ -187,7 +159,7 @@ def load_benchmark(name: str, path: str, count: int = 0) -> QuestionSet:
     files = test_split_files(name, path)
     found = []
     for file in files:
-        for record, where in records(file):
+        for record, where in json_records(file):
             if not bench.matches(record):
                 got = sorted(record) if isinstance(record, dict) else type(record).__name__
                 raise DataError(f"{where}: not a record of {bench.source}: expected fields ({bench.wanted()}), the "

@@ -8,7 +8,6 @@ deterministic by seed, and the iterator's state (JSON) is saved with every check
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from typing import Iterable
@@ -18,6 +17,7 @@ import numpy as np
 
 from xpress_jax.data.byte_tokenizer import pad_id
 from xpress_jax.data.chat import conversation_to_ids, normalise_messages
+from xpress_jax.data.json_files import json_records
 from xpress_jax.errors import DataError
 
 def _as_conversation(record, where: str) -> dict:
@@ -44,25 +44,8 @@ def _as_conversation(record, where: str) -> dict:
     return record
 
 
-def _json_lines(path: str):
-    """(line number, parsed record) for each non-blank line, with file:line in every error."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{number}: not UTF-8 ({e.reason} at byte {e.start})") from None
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{number}: not a JSON line ({e.msg}, column {e.colno})") from None
-
-
 def read_records(paths: Iterable[str]) -> list[dict]:
-    """All records of jsonl(.gz) or .array_record files (JSON per record), each validated."""
+    """All records of jsonl(.gz), JSON array or .array_record files (JSON per record), each validated."""
     records = []
     paths = list(paths)
     for path in paths:
@@ -77,7 +60,7 @@ def read_records(paths: Iterable[str]) -> list[dict]:
                     raise DataError(f"{path}: record {i}: not JSON ({e})") from None
                 records.append(_as_conversation(row, f"{path}: record {i}"))
         else:
-            records.extend(_as_conversation(row, f"{path}:{number}") for number, row in _json_lines(path))
+            records.extend(_as_conversation(row, where) for row, where in json_records(path))
     if not records:
         raise DataError(f"no records in {paths}")
     return records

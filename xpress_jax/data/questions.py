@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 
 from xpress_jax.assets import data_root
-from xpress_jax.data.benchmarks import PUBLISHED, Question, QuestionSet, load_benchmark, published_schemas, records
+from xpress_jax.data.benchmarks import PUBLISHED, Question, QuestionSet, load_benchmark, published_schemas
+from xpress_jax.data.json_files import json_records
 from xpress_jax.errors import DataError
 
 BENCHMARKS = ("gsm8k", "humaneval", "mt_bench", "alpaca")  # shipped
@@ -72,7 +73,7 @@ def dataset_label(entry: str) -> str:
 def _question_file(path: str, count: int) -> QuestionSet:
     """A plain question file's first `count` questions (0: all), first turns, in file order."""
     questions = []
-    for record, where in records(path):
+    for record, where in json_records(path):
         questions.append(Question((_first_question(record, where),), where))
         if count and len(questions) >= count:
             break
@@ -92,7 +93,7 @@ def load_dataset_entry(entry: str, count: int = 0, announce=print) -> QuestionSe
     path = _shipped_or_file(entry)
     if entry in BENCHMARKS:
         return _question_file(path, count)
-    first = next(records(entry), (None, ""))[0]
+    first = next(json_records(entry), (None, ""))[0]
     names = published_schemas(first)
     if len(names) > 1:
         raise DataError(f"{entry}: its records match the schemas of {' and '.join(names)}; name the benchmark "
