@@ -11,10 +11,11 @@
   `flash_gpu` where a GPU would run cuDNN (`cudnn_available`).
 - Anything else, or a shape the kernel refuses: the einsum path (`layers.attend`).
 
-Both kernels take a causal mask without a dense mask array: splash as a static block mask
-(`CausalMask`, whose fully masked blocks it skips), cuDNN as its CAUSAL mask type. Neither
-materialises the [batch, heads, T, S] scores. cuDNN's causal mask is aligned top-left, so a
-query block placed after other keys (a prefill chunk) has no cuDNN form: the einsum path takes it.
+Splash and cuDNN take a causal mask without a dense mask array: splash as a static block mask
+(`CausalMask`, whose fully masked blocks it skips), cuDNN as its CAUSAL mask type; flash_gpu as
+key intervals per query. None materialises the [batch, heads, T, S] scores. cuDNN's causal mask
+is aligned top-left, so a query block placed after other keys (a prefill chunk) has no cuDNN
+form: flash_gpu takes it.
 
 The drafter's anchored training pass (`anchored_attention`) takes splash on TPU with a mask made
 at run time: block a's queries see the context keys before its anchor p_a and their own block's
