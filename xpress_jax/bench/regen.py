@@ -20,11 +20,12 @@ def suite(target, prompts: list[list[int]], stop_ids, *, max_new_tokens: int, ba
     from xpress_jax.decoding.speculative import DecodingModels, generate
     models = DecodingModels(target)
     lengths = [len(p) for p in prompts]
-    prefill_seconds = _prefill_seconds(target, prompts, max_new_tokens, reps)  # per padded length
     admitted = {}  # per way of admitting: the prompts prefilled at each padded length
     for admit_at in (OWN_BUCKET, QUEUE_BUCKET):
         buckets, bucket_of = admission_buckets(lengths, admit_at)
         admitted[admit_at] = {str(b): bucket_of.count(i) for i, b in enumerate(buckets) if i in bucket_of}
+    padded = sorted({int(b) for counts in admitted.values() for b in counts})
+    prefill_seconds = _prefill_seconds(target, padded, max_new_tokens, reps)  # per padded length
     admission_seconds = {way: sum(n * prefill_seconds[int(b)] for b, n in counts.items())
                          for way, counts in admitted.items()}
 
@@ -76,16 +77,13 @@ def suite(target, prompts: list[list[int]], stop_ids, *, max_new_tokens: int, ba
     return result
 
 
-def _prefill_seconds(target, prompts, max_new_tokens: int, reps: int) -> dict[int, float]:
+def _prefill_seconds(target, padded: list[int], max_new_tokens: int, reps: int) -> dict[int, float]:
     """The fastest time of one admission's prefill ([1, length] tokens, as `serve_greedy` runs it)
-    at each padded length the queue's prompts get under either way of admitting."""
+    at each of the `padded` lengths."""
     import jax
     import jax.numpy as jnp
 
-    from xpress_jax.decoding.continuous import OWN_BUCKET, QUEUE_BUCKET, admission_buckets
     from xpress_jax.decoding.speculative import prefill
-    lengths = [len(p) for p in prompts]
-    padded = sorted(set(admission_buckets(lengths, OWN_BUCKET)[0]) | set(admission_buckets(lengths, QUEUE_BUCKET)[0]))
     max_len = max(padded) + max_new_tokens + 1  # the serving loop's cache
     run = jax.jit(lambda ids, n: prefill(target, None, ids, n, max_len, 512)[0])
     seconds = {}

@@ -193,15 +193,16 @@ def _dkv_kernel(q_ref, k_ref, v_ref, end1_ref, start2_ref, end2_ref, do_ref, lse
 def _specs(bq: int, bk: int, q_len: int, kv_len: int, d: int, group: int):
     """BlockSpecs over grid (query or key blocks, batch, heads): a block of the first operand's rows,
     the whole of the others'. KV heads are read through h // group (GQA without a copy)."""
-    rows = pl.BlockSpec((None, bq, None, d), lambda i, b, h: (b, i, h, 0))
-    whole_q = pl.BlockSpec((None, q_len, None, d), lambda i, b, h: (b, 0, h, 0))
-    whole_kv = pl.BlockSpec((None, kv_len, None, d), lambda i, b, h: (b, 0, h // group, 0))
-    kv_rows = pl.BlockSpec((None, bk, None, d), lambda i, b, h: (b, i, h // group, 0))
-    bound_rows = pl.BlockSpec((None, bq), lambda i, b, h: (b, i))
-    bound_whole = pl.BlockSpec((None, q_len), lambda i, b, h: (b, 0))
-    per_head_rows = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
-    per_head_whole = pl.BlockSpec((None, None, q_len), lambda i, b, h: (b, h, 0))
-    return locals()
+    return {
+        "rows": pl.BlockSpec((None, bq, None, d), lambda i, b, h: (b, i, h, 0)),
+        "whole_q": pl.BlockSpec((None, q_len, None, d), lambda i, b, h: (b, 0, h, 0)),
+        "whole_kv": pl.BlockSpec((None, kv_len, None, d), lambda i, b, h: (b, 0, h // group, 0)),
+        "kv_rows": pl.BlockSpec((None, bk, None, d), lambda i, b, h: (b, i, h // group, 0)),
+        "bound_rows": pl.BlockSpec((None, bq), lambda i, b, h: (b, i)),
+        "bound_whole": pl.BlockSpec((None, q_len), lambda i, b, h: (b, 0)),
+        "per_head_rows": pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i)),
+        "per_head_whole": pl.BlockSpec((None, None, q_len), lambda i, b, h: (b, h, 0)),
+    }
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, interpret: bool, name: str):

@@ -128,22 +128,23 @@ def attention_work(jaxpr) -> dict[str, dict]:
 
 
 def attention_in_kernels(config, platforms, overridden: frozenset[str] = frozenset()) -> dict:
-    """Per platform: the kernels its lowered train step holds, and per model part the kernels its
-    attention takes and the share of its attention FLOPs that run in them. The FLOPs are counted
-    as the einsum program (this CPU's) does them, masked scores included; a part's share is 1 less
-    the FLOPs its program for that platform leaves to XLA's dot products over the einsum
-    program's. `step`: the same share over every part."""
-    reference = attention_work(_trace_for(config, "cpu", overridden)[0])
+    """Per platform: the kernels its lowered train step holds (`kernels`), and per model part the
+    kernels its attention takes and the share of its attention FLOPs that run in them (`parts`;
+    `in_kernels`: the same share over every part). The FLOPs are counted as the einsum program
+    (this CPU's) does them, masked scores included; a part's share is 1 less the FLOPs its program
+    for that platform leaves to XLA's dot products over the einsum program's."""
+    traces = {"cpu": _trace_for(config, "cpu", overridden)}  # the einsum program: every share's reference
+    reference = attention_work(traces["cpu"][0])
+    total = sum(ref["xla_flops"] for ref in reference.values())
+    share = lambda left, whole: round(1.0 - left / whole, 4) if whole else None  # noqa: E731
     report = {}
     for platform in platforms:
-        jaxpr, text = _trace_for(config, platform, overridden)
+        jaxpr, text = traces[platform] if platform in traces else _trace_for(config, platform, overridden)
         work = attention_work(jaxpr)
-        share = lambda left, total: round(1.0 - left / total, 4) if total else None  # noqa: E731
         parts = {part: {"kernels": sorted(work.get(part, {}).get("kernels", ())),
                         "attention_gflops": round(ref["xla_flops"] / 1e9, 3),
                         "in_kernels": share(work.get(part, {}).get("xla_flops", 0.0), ref["xla_flops"])}
                  for part, ref in sorted(reference.items())}
-        total = sum(ref["xla_flops"] for ref in reference.values())
         left = sum(w["xla_flops"] for w in work.values())
         report[platform] = {"kernels": kernels.kernels_in(text), "parts": parts, "in_kernels": share(left, total)}
         if platform in kernels.GPU_PLATFORMS and not kernels.cudnn_available():
